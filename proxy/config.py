@@ -1,0 +1,187 @@
+"""Settings: frozen dataclasses, filled by one pure loader.
+
+Precedence, lowest first: the defaults below < the TOML file (`--config`, `WSMODE_CONFIG`)
+< `WSMODE_<SECTION>_<KEY>` environment variables < command-line flags. The flags of
+`wsmode serve` also have short environment names: `WSMODE_HOST`, `WSMODE_PORT`,
+`WSMODE_UPSTREAM`. Every key is documented in config/wsmode.example.toml, which a test loads.
+Unknown sections or keys are errors, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from proxy.sim.app import SimSettings
+
+MiB = 1024 * 1024
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_message_bytes: int = 16 * MiB  # larger client frames close the socket with 1009
+    compression: bool = False  # permessage-deflate; costly on large frames
+    log_level: str = "INFO"
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamSettings:
+    url: str = ""  # empty: front the built-in simulated model
+    api: str = "responses"
+    store: bool = False  # the `store` sent upstream on rebuilt requests
+    native_previous_response_id: bool = False
+    connect_timeout: float = 10.0
+    read_timeout: float = 300.0  # longest silence mid-stream; there is no total timeout
+    max_event_bytes: int = 64 * MiB  # one SSE event (a response.completed can be large)
+    max_error_body_bytes: int = 64 * 1024
+    max_connections: int = 256  # pooled HTTP connections to the upstream
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSettings:
+    connection_max_entries: int = 1024
+    connection_max_bytes: int = 256 * MiB
+    process_max_entries: int = 100_000
+    process_max_bytes: int = 4096 * MiB
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsSettings:
+    max_active_per_connection: int = 16
+    max_lanes_per_connection: int = 32
+    max_queued_per_connection: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
+    cache: CacheSettings = field(default_factory=CacheSettings)
+    limits: LimitsSettings = field(default_factory=LimitsSettings)
+    sim: SimSettings = field(default_factory=SimSettings)
+
+
+# Short environment names for the flags of `wsmode serve`.
+ENV_ALIASES = {
+    "WSMODE_HOST": ("server", "host"),
+    "WSMODE_PORT": ("server", "port"),
+    "WSMODE_UPSTREAM": ("upstream", "url"),
+}
+API_CHOICES = ("responses",)
+
+
+def _sections() -> dict[str, type[Any]]:
+    return {f.name: _field_type(Settings, f.name) for f in dataclasses.fields(Settings)}
+
+
+def _field_type(cls: type[Any], name: str) -> Any:
+    return typing.get_type_hints(cls)[name]
+
+
+def _coerce(section: str, key: str, value: Any, kind: Any) -> Any:
+    where = f"{section}.{key}"
+    if isinstance(kind, types.UnionType):  # `X | None`
+        kind = next(a for a in kind.__args__ if a is not type(None))
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
+            return False
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif kind is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{where}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
+
+
+def load_settings(
+    path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Build the effective settings. `overrides` maps "section.key" to flag values."""
+    layers: dict[str, dict[str, Any]] = {name: {} for name in _sections()}
+    if path:
+        try:
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        for section, table in doc.items():
+            if section not in layers or not isinstance(table, dict):
+                raise ConfigError(f"unknown config section [{section}]")
+            layers[section].update(table)
+    for name, value in (env or {}).items():
+        if name in ENV_ALIASES:
+            section, key = ENV_ALIASES[name]
+            layers[section][key] = value
+        elif name.startswith("WSMODE_") and name != "WSMODE_CONFIG":
+            rest = name.removeprefix("WSMODE_").lower()
+            section, _, key = rest.partition("_")
+            if section not in layers:
+                raise ConfigError(f"unknown environment variable {name}")
+            layers[section][key] = value
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        section, _, key = dotted.partition(".")
+        layers[section][key] = value
+    built: dict[str, Any] = {}
+    for section, cls in _sections().items():
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {}
+        for key, value in layers[section].items():
+            if key not in names:
+                raise ConfigError(f"unknown config key {section}.{key}")
+            values[key] = _coerce(section, key, value, _field_type(cls, key))
+        built[section] = cls(**values)
+    settings = Settings(**built)
+    _validate(settings)
+    return settings
+
+
+def _validate(s: Settings) -> None:
+    if s.upstream.api not in API_CHOICES:
+        raise ConfigError(f"upstream.api must be one of {', '.join(API_CHOICES)}")
+    if s.upstream.url and not s.upstream.url.startswith(("http://", "https://")):
+        raise ConfigError("upstream.url must start with http:// or https://")
+    if not 0 <= s.server.port <= 65535:
+        raise ConfigError("server.port must be between 0 and 65535")
+    for section in (s.server, s.upstream, s.cache, s.limits):
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+                raise ConfigError(f"{f.name} must not be negative")
+
+
+def as_dict(settings: Settings) -> dict[str, Any]:
+    return dataclasses.asdict(settings)

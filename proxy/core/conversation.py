@@ -1,0 +1,214 @@
+"""The response cache: what `previous_response_id` continues from (PROTOCOL.md 4.1-4.2, 8.3).
+
+Each cached response holds the full item list a continuation must send to a stateless
+upstream: its parent's items, its own new input, its output. Items are kept as the bytes of
+their JSON, serialised once when they arrive, so rebuilding a request is a concatenation.
+
+Storage is shared, not copied: a response's list is a chain of `Segment`s (what each
+response in its ancestry added), and a child points at its parent's segments. Bytes are
+accounted once per distinct segment held, so a 30-turn chain with every turn cached costs
+the history once, not thirty times.
+
+Bounds: entries and bytes per connection (`ResponseCache`) and process-wide
+(`CacheBudget`), least recently used evicted first. Entries that a queued request refers to
+are *pinned* and never evicted until unpinned (PROTOCOL 4.4). If the only way to fit is to
+drop the entry just added, `put` says so and the cache is as it was. Memory only.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from lru import LRU
+
+_UNBOUNDED = 2**31 - 1  # lru-dict needs a size; we evict by our own budgets, never by this
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Segment:
+    """The items one response added to its conversation: its new input, then its output."""
+
+    items: tuple[bytes, ...]
+    nbytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nbytes", sum(len(i) for i in self.items))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CachedResponse:
+    id: str
+    lane: str | None  # the lane it ran on: same-lane failures evict, cross-lane forks do not
+    segments: tuple[Segment, ...]  # the whole conversation, oldest first
+    settings: Mapping[str, Any] = field(default_factory=dict)  # the request minus its input
+
+    def items(self) -> Iterator[bytes]:
+        for seg in self.segments:
+            yield from seg.items
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.segments)
+
+    @property
+    def item_count(self) -> int:
+        return sum(len(s.items) for s in self.segments)
+
+    def child(
+        self, response_id: str, lane: str | None, added: Segment, settings: Mapping[str, Any]
+    ) -> CachedResponse:
+        return CachedResponse(response_id, lane, (*self.segments, added), settings)
+
+
+EMPTY = CachedResponse("", None, ())
+
+
+class CacheBudget:
+    """Process-wide entry and byte bounds across every connection's cache, with one LRU order."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.entries = 0
+        self.nbytes = 0
+        self.evictions = 0
+        self._order: Any = LRU(_UNBOUNDED)  # (cache serial, response id) -> ResponseCache
+
+    def _touch(self, owner: ResponseCache, rid: str) -> None:
+        self._order[(owner.serial, rid)] = owner
+
+    def _forget(self, owner: ResponseCache, rid: str) -> None:
+        self._order.pop((owner.serial, rid), None)
+
+    def enforce(self) -> None:
+        while (self.nbytes > self.max_bytes or self.entries > self.max_entries) and len(
+            self._order
+        ):
+            (_, rid), owner = self._order.peek_last_item()
+            owner.evict(rid)
+            self.evictions += 1
+
+
+class ResponseCache:
+    """One connection's cached responses (PROTOCOL 4.1: in memory, gone with the socket)."""
+
+    _serials = itertools.count()
+
+    def __init__(self, budget: CacheBudget, max_entries: int, max_bytes: int) -> None:
+        self.serial = next(self._serials)
+        self.budget = budget
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self._entries: dict[str, CachedResponse] = {}
+        self._order: Any = LRU(_UNBOUNDED)  # unpinned ids, most recent first
+        self._pins: dict[str, int] = {}
+        self._seg_refs: dict[Segment, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._entries
+
+    def ids(self) -> list[str]:
+        return list(self._entries)
+
+    def get(self, rid: str) -> CachedResponse | None:
+        """Look up a response for continuation; a hit makes it the most recently used."""
+        entry = self._entries.get(rid)
+        if entry is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        if rid in self._order:
+            self._order[rid] = True
+            self.budget._touch(self, rid)
+        return entry
+
+    def peek(self, rid: str) -> CachedResponse | None:
+        return self._entries.get(rid)
+
+    def put(self, entry: CachedResponse) -> bool:
+        """Cache `entry` as the most recently used. False if it cannot fit even alone."""
+        if entry.nbytes > self.max_bytes or self.max_entries < 1:
+            return False
+        if entry.id in self._entries:
+            self.evict(entry.id)
+        self._entries[entry.id] = entry
+        added = 0
+        for seg in entry.segments:
+            refs = self._seg_refs.get(seg, 0)
+            if refs == 0:
+                added += seg.nbytes
+            self._seg_refs[seg] = refs + 1
+        self.nbytes += added
+        self.budget.nbytes += added
+        self.budget.entries += 1
+        self._order[entry.id] = True
+        self.budget._touch(self, entry.id)
+        while (self.nbytes > self.max_bytes or len(self._entries) > self.max_entries) and len(
+            self._order
+        ):
+            victim = self._order.peek_last_item()[0]
+            self.evict(victim)
+            self.evictions += 1
+        self.budget.enforce()
+        return entry.id in self._entries
+
+    def evict(self, rid: str) -> bool:
+        entry = self._entries.pop(rid, None)
+        if entry is None:
+            return False
+        self._pins.pop(rid, None)
+        self._order.pop(rid, None)
+        self.budget._forget(self, rid)
+        freed = 0
+        for seg in entry.segments:
+            refs = self._seg_refs[seg] - 1
+            if refs:
+                self._seg_refs[seg] = refs
+            else:
+                del self._seg_refs[seg]
+                freed += seg.nbytes
+        self.nbytes -= freed
+        self.budget.nbytes -= freed
+        self.budget.entries -= 1
+        return True
+
+    def pin(self, rid: str) -> bool:
+        """Protect an entry from eviction while a queued request refers to it."""
+        if rid not in self._entries:
+            return False
+        self._pins[rid] = self._pins.get(rid, 0) + 1
+        self._order.pop(rid, None)
+        self.budget._forget(self, rid)
+        return True
+
+    def unpin(self, rid: str) -> None:
+        n = self._pins.get(rid)
+        if n is None:
+            return
+        if n > 1:
+            self._pins[rid] = n - 1
+            return
+        del self._pins[rid]
+        self._order[rid] = True
+        self.budget._touch(self, rid)
+        # an unpinned entry may now be evictable; bring both budgets back within bounds
+        while (self.nbytes > self.max_bytes or len(self._entries) > self.max_entries) and len(
+            self._order
+        ):
+            self.evict(self._order.peek_last_item()[0])
+            self.evictions += 1
+        self.budget.enforce()
+
+    def clear(self) -> None:
+        for rid in list(self._entries):
+            self.evict(rid)

@@ -1,0 +1,40 @@
+"""Upstream dialects: how a request is sent and how its stream becomes Responses events.
+
+A dialect turns the proxy's rebuilt request into the upstream's HTTP body, and follows the
+upstream's SSE stream with a `StreamTranslator` that yields the canonical Responses events to
+forward (as JSON bytes, without `stream_id`) and, at the end, the outcome and output items to
+cache. `responses` is a near pass-through; `chat` (Chat Completions) rebuilds every event.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from proxy.core.sse import SSEEvent
+
+
+class StreamTranslator(Protocol):
+    response_id: str | None
+    response: dict[str, Any] | None  # the latest response object seen (created, in_progress)
+    outcome: str | None  # "completed" | "incomplete" | "failed" once the terminal event passed
+    output: list[Any]  # the output items, final once `outcome` is set
+    last_seq: int  # the last sequence_number forwarded, -1 before any
+
+    def feed(self, event: SSEEvent) -> list[bytes]:
+        """Events to forward for one upstream SSE event. Raises UpstreamError on garbage."""
+        ...
+
+    def eof(self) -> list[bytes]:
+        """The upstream stream ended. Events to forward, or UpstreamError if it ended early."""
+        ...
+
+
+class Dialect(Protocol):
+    name: str
+    path: str  # appended to the upstream base URL
+
+    def body(
+        self, settings: dict[str, Any], extra: dict[str, Any], items: list[bytes]
+    ) -> list[bytes]: ...
+
+    def translator(self, patch: dict[str, Any]) -> StreamTranslator: ...

@@ -1,0 +1,145 @@
+"""The Responses dialect: the upstream already streams Responses events (PROTOCOL 8.1).
+
+Events are forwarded as the upstream wrote them. Only a handful are parsed: the lifecycle
+events (to learn the response id, and to put back the `previous_response_id` and `store`
+the client asked for, since the upstream saw neither), `response.output_item.done` (to
+record output items), and `error` (the HTTP SSE error shape, rewrapped into the WebSocket
+envelope). The `event:` line names each event, so delta events are never decoded; an
+upstream that omits `event:` lines costs one parse per event.
+
+The first terminal event ends the response; a trailing `data: [DONE]` is ignored. If the
+terminal response object arrives with an empty `output` while items were streamed, the
+streamed items are filled in, because SDK helpers read only `response.completed.output`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.core import wire
+from proxy.core.errors import UpstreamError
+from proxy.core.events import TERMINAL_TYPES
+from proxy.core.request import upstream_body
+from proxy.core.sse import SSEEvent
+
+_PARSED = frozenset(
+    {
+        "response.created",
+        "response.queued",
+        "response.in_progress",
+        "response.output_item.done",
+        "error",
+        *TERMINAL_TYPES,
+    }
+)
+_SEQ_KEY = b'"sequence_number":'
+
+
+def _seq_of(data: bytes) -> int | None:
+    """Read `sequence_number` from an event's bytes without parsing the event."""
+    at = data.find(_SEQ_KEY)
+    if at < 0:
+        return None
+    i = at + len(_SEQ_KEY)
+    while i < len(data) and data[i] == 0x20:
+        i += 1
+    j = i
+    while j < len(data) and 0x30 <= data[j] <= 0x39:
+        j += 1
+    return int(data[i:j]) if j > i else None
+
+
+class ResponsesStream:
+    def __init__(self, patch: dict[str, Any]) -> None:
+        self._patch = patch  # fields to set on every response object we forward
+        self.response_id: str | None = None
+        self.response: dict[str, Any] | None = None
+        self.outcome: str | None = None
+        self.output: list[Any] = []
+        self.last_seq = -1
+        self._items: dict[int, Any] = {}  # output_item.done items by output_index
+
+    def feed(self, event: SSEEvent) -> list[bytes]:
+        if self.outcome is not None:
+            return []  # anything after the terminal event is ignored
+        data = event.data
+        if data == b"[DONE]":
+            return []
+        kind = event.event if event.event and event.event != "message" else None
+        if kind is None or kind in _PARSED:
+            return self._parsed(data, kind)
+        stripped = data.strip()
+        if not (stripped.startswith(b"{") and stripped.endswith(b"}")):
+            raise UpstreamError(f"upstream sent a non-JSON {kind} event", started=True)
+        seq = _seq_of(stripped)
+        if seq is not None:
+            self.last_seq = seq
+        return [stripped]
+
+    def eof(self) -> list[bytes]:
+        if self.outcome is None:
+            raise UpstreamError(
+                "upstream stream ended before a terminal event", started=True, code="server_error"
+            )
+        return []
+
+    def _parsed(self, data: bytes, kind: str | None) -> list[bytes]:
+        try:
+            ev = wire.loads(data)
+        except wire.JSONDecodeError:
+            raise UpstreamError("upstream sent an event that is not JSON", started=True) from None
+        if not isinstance(ev, dict) or not isinstance(ev.get("type", kind), str):
+            raise UpstreamError("upstream sent an event without a type", started=True)
+        kind = ev.setdefault("type", kind)
+        seq = ev.get("sequence_number")
+        if isinstance(seq, int):
+            self.last_seq = seq
+        if kind not in _PARSED:
+            return [wire.dumps(ev)]
+        if kind == "error":
+            return self._error(ev)
+        if kind == "response.output_item.done":
+            item, index = ev.get("item"), ev.get("output_index")
+            if isinstance(item, dict):
+                self._items[index if isinstance(index, int) else len(self._items)] = item
+            return [data.strip()]
+        resp = ev.get("response")
+        if not isinstance(resp, dict):
+            raise UpstreamError(f"upstream {kind} event has no response object", started=True)
+        resp.update(self._patch)
+        self.response = resp
+        if isinstance(resp.get("id"), str):
+            self.response_id = resp["id"]
+        if kind in TERMINAL_TYPES:
+            output = resp.get("output")
+            if not output and self._items:
+                output = resp["output"] = [self._items[k] for k in sorted(self._items)]
+            self.output = output if isinstance(output, list) else []
+            self.outcome = kind.removeprefix("response.")
+        return [wire.dumps(ev)]
+
+    def _error(self, ev: dict[str, Any]) -> list[bytes]:
+        """An HTTP-style SSE `error` (code/message at the top level) ends the response."""
+        inner = ev.get("error") if isinstance(ev.get("error"), dict) else ev
+        status = ev.get("status")
+        raise UpstreamError(
+            str(inner.get("message") or "upstream reported an error"),
+            started=True,
+            status=status if isinstance(status, int) else 500,
+            code=inner.get("code") if isinstance(inner.get("code"), str) else "server_error",
+            param=inner.get("param") if isinstance(inner.get("param"), str) else None,
+            type=inner.get("type") if isinstance(inner.get("type"), str) else "server_error",
+        )
+
+
+class ResponsesDialect:
+    name = "responses"
+    path = "/responses"
+
+    def body(
+        self, settings: dict[str, Any], extra: dict[str, Any], items: list[bytes]
+    ) -> list[bytes]:
+        return upstream_body(settings, extra, items)
+
+    def translator(self, patch: dict[str, Any]) -> ResponsesStream:
+        return ResponsesStream(patch)

@@ -1,0 +1,134 @@
+"""The error vocabulary (PROTOCOL.md section 5), split by who made the mistake.
+
+`ClientError` is the client's fault: the request is rejected, the socket stays open and no
+conversation changes. `UpstreamError` is the model server's fault (or its network's): the
+response fails, and the same-lane eviction rule of PROTOCOL 4.2 applies. Each renders the
+WebSocket `error` event (always with `status`, which Codex needs to treat it as fatal or
+retryable) and the HTTP error body. Any other exception inside the proxy is a bug.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.core import wire
+
+
+class ProxyError(Exception):
+    status = 500
+    type = "server_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        status: int | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.param = param
+        if status is not None:
+            self.status = status
+        if type is not None:
+            self.type = type
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        """The `error` object shared by the WS envelope and the HTTP error body."""
+        err: dict[str, Any] = {
+            "type": self.type,
+            "code": self.code,
+            "message": self.message,
+            "param": self.param,
+        }
+        if self.headers:
+            err["headers"] = self.headers
+        return err
+
+    def event(self, stream_id: str | None = None, sequence_number: int | None = None) -> dict[str, Any]:
+        """The WebSocket `error` event (PROTOCOL 3.2)."""
+        ev: dict[str, Any] = {"type": "error", "status": self.status, "error": self.body()}
+        if stream_id is not None:
+            ev["stream_id"] = stream_id
+        if sequence_number is not None:
+            ev["sequence_number"] = sequence_number
+        if self.headers:  # Codex reads rate-limit headers at the top level (PROTOCOL 3.2)
+            ev["headers"] = self.headers
+        return ev
+
+
+class ClientError(ProxyError):
+    """A malformed or unacceptable client request. Always non-fatal for the socket."""
+
+    status = 400
+    type = "invalid_request_error"
+
+
+class UpstreamError(ProxyError):
+    """The upstream failed: an HTTP error status, a broken or stalled stream, bad SSE."""
+
+    status = 502
+    type = "server_error"
+
+    def __init__(self, message: str, *, started: bool = False, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        # True once the upstream answered 200 and the stream began: the client is owed a
+        # `response.failed` terminal if it already saw `response.created`.
+        self.started = started
+
+
+def invalid(message: str, param: str | None, code: str = "invalid_value") -> ClientError:
+    return ClientError(message, code=code, param=param)
+
+
+def missing(param: str) -> ClientError:
+    return ClientError(
+        f"Missing required parameter: '{param}'.", code="missing_required_parameter", param=param
+    )
+
+
+def wrong_type(param: str, expected: str) -> ClientError:
+    return ClientError(
+        f"Invalid type for '{param}': expected {expected}.", code="invalid_type", param=param
+    )
+
+
+def previous_response_not_found(response_id: str) -> ClientError:
+    return ClientError(
+        f"Previous response with id '{response_id}' not found.",
+        code="previous_response_not_found",
+        param="previous_response_id",
+    )
+
+
+def upstream_http_error(status: int, body: bytes) -> UpstreamError:
+    """Turn an upstream's non-2xx answer into our error, keeping its status and error body.
+
+    OpenAI-compatible servers answer `{"error": {message, type, param, code}}`; some answer
+    `{"error": "text"}`, `{"detail": ...}` or plain text. Whatever arrived is preserved as
+    far as the envelope allows, so the client sees the upstream's own words.
+    """
+    message = body.decode("utf-8", "replace").strip()[:2000] or f"upstream answered HTTP {status}"
+    code: str | None = None
+    param: str | None = None
+    etype = "invalid_request_error" if 400 <= status < 500 else "server_error"
+    try:
+        doc = wire.loads(body)
+    except (wire.JSONDecodeError, ValueError):
+        doc = None
+    if isinstance(doc, dict):
+        err = doc.get("error", doc.get("detail"))
+        if isinstance(err, dict):
+            message = str(err.get("message") or message)
+            code = err.get("code") if isinstance(err.get("code"), str) else None
+            param = err.get("param") if isinstance(err.get("param"), str) else None
+            if isinstance(err.get("type"), str):
+                etype = err["type"]
+        elif isinstance(err, str):
+            message = err
+    return UpstreamError(message, status=status, code=code, param=param, type=etype)

@@ -1,0 +1,9 @@
+"""Identifiers the proxy mints: `resp_…`, `msg_…`, `fc_…`, `call_…`, `rs_…`."""
+
+from __future__ import annotations
+
+import secrets
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(16)}"

@@ -1,0 +1,103 @@
+"""Incremental Server-Sent Events decoder (WHATWG HTML, "Parsing an event stream").
+
+`feed()` takes raw chunks exactly as the socket delivers them and returns the events they
+complete. Lines end with CR, LF or CRLF, even when a CRLF pair is split across two chunks.
+A `data:` value keeps its bytes, so events we only forward are never decoded or parsed.
+
+Unlike aiohttp's line reader (which fails on lines over 128 KiB), the only bound is ours:
+`max_event_bytes` caps one event's accumulated size, and exceeding it raises
+`SSEEventTooLarge`, which the session maps to an upstream failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class SSEEventTooLarge(Exception):
+    """One event grew past the configured bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    event: str | None  # the `event:` field, None when absent (the spec's "message")
+    data: bytes  # the `data:` lines joined with b"\n"
+
+
+class SSEDecoder:
+    def __init__(self, max_event_bytes: int) -> None:
+        self._max = max_event_bytes
+        self._buf = bytearray()  # bytes of the current, unfinished line
+        self._skip_lf = False  # the previous chunk ended with CR: a leading LF belongs to it
+        self._event: str | None = None
+        self._data: list[bytes] = []
+        self._size = 0  # bytes accumulated for the current event
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        out: list[SSEEvent] = []
+        pos, n = 0, len(chunk)
+        if self._skip_lf and n:
+            if chunk[0] == 0x0A:
+                pos = 1
+            self._skip_lf = False
+        while pos < n:
+            lf = chunk.find(b"\n", pos)
+            cr = chunk.find(b"\r", pos, lf if lf >= 0 else n)
+            end = cr if cr >= 0 else lf
+            if end < 0:  # no line terminator left: keep the tail for the next chunk
+                self._grow(n - pos)
+                self._buf += chunk[pos:]
+                break
+            if self._buf:
+                self._grow(end - pos)
+                self._buf += chunk[pos:end]
+                line = bytes(self._buf)
+                self._buf.clear()
+            else:
+                line = chunk[pos:end]
+                self._grow(len(line))
+            pos = end + 1
+            if end == cr:
+                if pos < n:
+                    if chunk[pos] == 0x0A:
+                        pos += 1
+                else:
+                    self._skip_lf = True
+            ev = self._line(line)
+            if ev is not None:
+                out.append(ev)
+        return out
+
+    def close(self) -> list[SSEEvent]:
+        """End of stream. Per the spec an unterminated last event is discarded."""
+        self._buf.clear()
+        self._event, self._data, self._size = None, [], 0
+        return []
+
+    def _grow(self, k: int) -> None:
+        self._size += k
+        if self._size > self._max:
+            raise SSEEventTooLarge(f"SSE event larger than {self._max} bytes")
+
+    def _line(self, line: bytes) -> SSEEvent | None:
+        if not line:  # blank line: dispatch
+            ev = None
+            if self._data:
+                ev = SSEEvent(self._event, b"\n".join(self._data))
+            self._event, self._data, self._size = None, [], 0
+            return ev
+        if line[0] == 0x3A:  # ':' comment (keep-alives)
+            return None
+        colon = line.find(b":")
+        if colon < 0:
+            name, value = line, b""
+        else:
+            name, value = line[:colon], line[colon + 1 :]
+            if value[:1] == b" ":
+                value = value[1:]
+        if name == b"data":
+            self._data.append(value)
+        elif name == b"event":
+            self._event = value.decode("utf-8", "replace")
+        # `id` and `retry` have no meaning for a one-shot POST stream; unknown fields are ignored
+        return None

@@ -1,0 +1,36 @@
+"""The one JSON codec of the project, and small helpers for JSON we hold as bytes.
+
+Everything is orjson: it parses from bytes, writes bytes, and is several times faster than
+the standard library on the large `response.completed` objects and request bodies we handle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+JSONDecodeError = orjson.JSONDecodeError
+
+
+def loads(data: bytes | bytearray | memoryview | str) -> Any:
+    return orjson.loads(data)
+
+
+def dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj)
+
+
+def with_field(obj_json: bytes, key_json: bytes, value_json: bytes) -> bytes:
+    """Append `"key": value` to a serialised JSON object without parsing it.
+
+    Used on the hot path to stamp `stream_id` onto upstream events we otherwise forward
+    untouched. `key_json` and `value_json` are already-serialised JSON (`b'"stream_id"'`).
+    The caller guarantees `obj_json` is one JSON object; trailing whitespace is tolerated.
+    """
+    body = obj_json.rstrip()
+    if not body.endswith(b"}"):
+        raise ValueError("not a JSON object")
+    head = body[:-1].rstrip()
+    sep = b"" if head.endswith(b"{") else b","
+    return b"".join((head, sep, key_json, b":", value_json, b"}"))

@@ -1,0 +1,81 @@
+"""Every other `/v1/*` request, relayed to the upstream as it is.
+
+Method, query, headers (minus hop-by-hop ones, RFC 9110 7.6.1), a streamed request body, the
+status, headers and a streamed response body: so the proxy can be a client's only base URL.
+Bodies are relayed byte for byte, compressed or not.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from proxy.core import wire
+from proxy.state import APP_STATE
+
+log = logging.getLogger("wsmode.http")
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+
+
+def _headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+
+
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    state = request.app[APP_STATE]
+    client = state.upstream
+    assert client.session is not None
+    # raw_path keeps the client's percent-encoding and query string exactly
+    url = URL(client.base_url + request.raw_path.removeprefix("/v1"), encoded=True)
+    body = request.content.iter_chunked(64 * 1024) if request.body_exists else None
+    try:
+        upstream = await client.session.request(
+            request.method,
+            url,
+            headers=_headers(request.headers),
+            data=body,
+            allow_redirects=False,
+        )
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        log.warning("passthrough %s %s failed: %s", request.method, request.path, type(exc).__name__)
+        err = {
+            "error": {
+                "type": "server_error",
+                "code": "upstream_unavailable",
+                "message": f"cannot reach the upstream ({type(exc).__name__})",
+                "param": None,
+            }
+        }
+        return web.Response(status=502, body=wire.dumps(err), content_type="application/json")
+    try:
+        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        resp.headers.extend(_headers(upstream.headers))
+        if upstream.headers.get("Content-Length", "").isdigit():
+            resp.content_length = int(upstream.headers["Content-Length"])
+        await resp.prepare(request)
+        async for chunk in upstream.content.iter_any():
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+    finally:
+        upstream.release()

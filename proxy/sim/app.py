@@ -1,0 +1,163 @@
+"""The simulated model server: a stateless `POST /v1/responses` SSE endpoint.
+
+Like the model servers wsmode fronts, it keeps no state: a `previous_response_id` gets the
+400 `previous_response_not_found` a stateless server gives, so any test that chains through
+the proxy proves the proxy rebuilt the history. Timing (time to first token, tokens per
+second) and output length are configurable; output is deterministic for a seed.
+
+Faults, for fault tests and the soak script, come from `metadata.sim_fault` on a request or
+from a queue filled with `POST /sim/faults {"faults": [...]}` (one per following request):
+`status:503` (HTTP error before the stream), `cut:N` (after N events, half an event, then
+the connection drops), `stall:N` (after N events, silence until the client leaves),
+`error:N` (an SSE `error` event after N events) and `eof:N` (the stream ends after N events
+with no terminal event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from proxy.core import wire
+from proxy.sim.events import response_events
+from proxy.sim.model import plan
+
+
+@dataclass(frozen=True, slots=True)
+class SimSettings:
+    ttft_ms: float = 50.0
+    tokens_per_second: float = 1000.0  # 0 streams as fast as possible
+    output_tokens: int = 60
+    seed: int = 0
+    tool_calls_per_turn: int = 1
+
+
+@dataclass
+class SimState:
+    settings: SimSettings
+    requests: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=10_000))
+    faults: deque[str] = field(default_factory=deque)
+    started: int = 0
+    completed: int = 0
+    cancelled: int = 0  # streams the client abandoned before the end
+    active: int = 0
+    bytes_received: int = 0
+
+
+SIM_STATE = web.AppKey("sim_state", SimState)
+
+
+def _error(status: int, message: str, code: str | None, param: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+    return web.Response(status=status, body=wire.dumps(body), content_type="application/json")
+
+
+def _sse(ev: dict[str, Any]) -> bytes:
+    return b"event: " + ev["type"].encode() + b"\ndata: " + wire.dumps(ev) + b"\n\n"
+
+
+async def _responses(request: web.Request) -> web.StreamResponse:
+    state = request.app[SIM_STATE]
+    cfg = state.settings
+    raw = await request.read()
+    state.bytes_received += len(raw)
+    try:
+        body = wire.loads(raw)
+    except wire.JSONDecodeError:
+        return _error(400, "We could not parse the JSON body of your request.", "invalid_json")
+    if not isinstance(body, dict):
+        return _error(400, "The body must be a JSON object.", "invalid_json")
+    state.requests.append({"body": body, "headers": dict(request.headers)})
+    if body.get("previous_response_id"):
+        rid = body["previous_response_id"]
+        return _error(
+            400,
+            f"Previous response with id '{rid}' not found.",
+            "previous_response_not_found",
+            "previous_response_id",
+        )
+    if not isinstance(body.get("model"), str):
+        return _error(400, "Missing required parameter: 'model'.", "missing_required_parameter", "model")
+    meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    fault = str(meta.get("sim_fault") or (state.faults.popleft() if state.faults else ""))
+    kind, _, arg = fault.partition(":")
+    if kind == "status":
+        code = int(arg or 500)
+        return _error(code, f"simulated upstream failure {code}", "server_error")
+    after = int(arg) if arg.isdigit() else 3
+
+    p = plan(body, seed=cfg.seed, output_tokens=cfg.output_tokens, tool_calls_per_turn=cfg.tool_calls_per_turn)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    state.started += 1
+    state.active += 1
+    try:
+        await resp.prepare(request)
+        t0 = time.monotonic()
+        token = 0
+        for i, ev in enumerate(response_events(body, p)):
+            if kind and i == after:
+                return await _inject(kind, request, resp, ev)
+            if ev["type"] in ("response.output_text.delta", "response.function_call_arguments.delta"):
+                due = t0 + cfg.ttft_ms / 1000 + (token / cfg.tokens_per_second if cfg.tokens_per_second else 0)
+                token += 1
+                delay = due - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            await resp.write(_sse(ev))
+        await resp.write(b"data: [DONE]\n\n")
+        state.completed += 1
+        return resp
+    except (asyncio.CancelledError, ConnectionResetError):
+        state.cancelled += 1
+        raise
+    finally:
+        state.active -= 1
+
+
+async def _inject(kind: str, request: web.Request, resp: web.StreamResponse, ev: dict[str, Any]) -> web.StreamResponse:
+    if kind == "cut":
+        data = _sse(ev)
+        await resp.write(data[: len(data) // 2])
+        assert request.transport is not None
+        request.transport.abort()
+        raise ConnectionResetError("simulated cut")
+    if kind == "stall":
+        await asyncio.Event().wait()  # until the client goes away and the handler is cancelled
+    if kind == "error":
+        err = {"type": "error", "code": "server_error", "message": "simulated mid-stream error", "param": None, "sequence_number": ev["sequence_number"]}
+        await resp.write(_sse(err))
+    # "eof": end the stream with no terminal event
+    return resp
+
+
+async def _faults(request: web.Request) -> web.Response:
+    doc = wire.loads(await request.read())
+    faults = doc.get("faults", []) if isinstance(doc, dict) else []
+    request.app[SIM_STATE].faults.extend(str(f) for f in faults)
+    return web.json_response({"queued": len(request.app[SIM_STATE].faults)})
+
+
+async def _stats(request: web.Request) -> web.Response:
+    s = request.app[SIM_STATE]
+    return web.json_response(
+        {"started": s.started, "completed": s.completed, "cancelled": s.cancelled, "active": s.active, "requests": len(s.requests)}
+    )
+
+
+async def _models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": "sim", "object": "model", "created": 0, "owned_by": "wsmode"}]})
+
+
+def create_sim_app(settings: SimSettings | None = None) -> web.Application:
+    app = web.Application(client_max_size=1024**3)
+    app[SIM_STATE] = SimState(settings or SimSettings())
+    app.router.add_post("/v1/responses", _responses)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_post("/sim/faults", _faults)
+    app.router.add_get("/sim/stats", _stats)
+    return app

@@ -1,0 +1,26 @@
+"""What the app shares across connections: settings, the upstream client, cache budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from proxy.config import Settings
+from proxy.core.conversation import CacheBudget
+from proxy.core.session import SessionLimits, UpstreamPolicy
+from proxy.upstream_http import UpstreamClient
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    upstream: UpstreamClient
+    policy: UpstreamPolicy
+    session_limits: SessionLimits
+    cache_budget: CacheBudget
+    upstream_url: str
+    simulated: bool = False
+
+
+APP_STATE = web.AppKey("wsmode_state", AppState)
