@@ -139,9 +139,9 @@ class ClientConnection:
             log.warning("connection %s upstream failure: %s", self.id, err.message)
             await self._execute(session.upstream_failed(run_id, err))
         except SSEEventTooLarge as exc:
-            err = UpstreamError(str(exc), started=True, code="upstream_event_too_large")
-            log.warning("connection %s upstream failure: %s", self.id, err.message)
-            await self._execute(session.upstream_failed(run_id, err))
+            too_large = UpstreamError(str(exc), started=True, code="upstream_event_too_large")
+            log.warning("connection %s upstream failure: %s", self.id, too_large.message)
+            await self._execute(session.upstream_failed(run_id, too_large))
         finally:
             if self.pumps.get(run_id) is asyncio.current_task():
                 del self.pumps[run_id]

@@ -117,9 +117,8 @@ def _coerce(section: str, key: str, value: Any, kind: Any) -> Any:
                 return float(value)
             except ValueError:
                 pass
-    elif kind is str:
-        if isinstance(value, str):
-            return value
+    elif kind is str and isinstance(value, str):
+        return value
     raise ConfigError(f"{where}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
 
 

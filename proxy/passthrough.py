@@ -57,7 +57,9 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             allow_redirects=False,
         )
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        log.warning("passthrough %s %s failed: %s", request.method, request.path, type(exc).__name__)
+        log.warning(
+            "passthrough %s %s failed: %s", request.method, request.path, type(exc).__name__
+        )
         err = {
             "error": {
                 "type": "server_error",

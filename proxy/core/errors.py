@@ -50,7 +50,9 @@ class ProxyError(Exception):
             err["headers"] = self.headers
         return err
 
-    def event(self, stream_id: str | None = None, sequence_number: int | None = None) -> dict[str, Any]:
+    def event(
+        self, stream_id: str | None = None, sequence_number: int | None = None
+    ) -> dict[str, Any]:
         """The WebSocket `error` event (PROTOCOL 3.2)."""
         ev: dict[str, Any] = {"type": "error", "status": self.status, "error": self.body()}
         if stream_id is not None:

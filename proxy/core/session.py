@@ -150,9 +150,7 @@ class Session:
         try:
             msg = wire.loads(data)
         except wire.JSONDecodeError:
-            return self._reject(
-                ClientError("The message is not valid JSON.", code="invalid_json")
-            )
+            return self._reject(ClientError("The message is not valid JSON.", code="invalid_json"))
         if not isinstance(msg, dict):
             return self._reject(
                 ClientError("Each message must be one JSON object.", code="invalid_json")
@@ -248,13 +246,13 @@ class Session:
         lane: str | None = None
         try:
             lane = check_stream_id(msg.get("stream_id"))
-            if lane is not None and lane not in self._lanes:
-                if len(self._lanes) >= self.limits.max_lanes:
-                    raise ClientError(
-                        f"This connection already uses {self.limits.max_lanes} stream_ids.",
-                        code="websocket_stream_limit_reached",
-                        param="stream_id",
-                    )
+            new_lane = lane is not None and lane not in self._lanes
+            if new_lane and len(self._lanes) >= self.limits.max_lanes:
+                raise ClientError(
+                    f"This connection already uses {self.limits.max_lanes} stream_ids.",
+                    code="websocket_stream_limit_reached",
+                    param="stream_id",
+                )
             req = parse_create(msg)
             if len(self._queue) >= self.limits.max_queued:
                 raise ClientError(

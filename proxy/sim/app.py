@@ -53,12 +53,15 @@ SIM_STATE = web.AppKey("sim_state", SimState)
 
 
 def _error(status: int, message: str, code: str | None, param: str | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+    body = {
+        "error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}
+    }
     return web.Response(status=status, body=wire.dumps(body), content_type="application/json")
 
 
 def _sse(ev: dict[str, Any]) -> bytes:
-    return b"event: " + ev["type"].encode() + b"\ndata: " + wire.dumps(ev) + b"\n\n"
+    kind: str = ev["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + wire.dumps(ev) + b"\n\n"
 
 
 async def _responses(request: web.Request) -> web.StreamResponse:
@@ -82,8 +85,12 @@ async def _responses(request: web.Request) -> web.StreamResponse:
             "previous_response_id",
         )
     if not isinstance(body.get("model"), str):
-        return _error(400, "Missing required parameter: 'model'.", "missing_required_parameter", "model")
-    meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        return _error(
+            400, "Missing required parameter: 'model'.", "missing_required_parameter", "model"
+        )
+    meta = body.get("metadata")
+    if not isinstance(meta, dict):
+        meta = {}
     fault = str(meta.get("sim_fault") or (state.faults.popleft() if state.faults else ""))
     kind, _, arg = fault.partition(":")
     if kind == "status":
@@ -91,8 +98,20 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         return _error(code, f"simulated upstream failure {code}", "server_error")
     after = int(arg) if arg.isdigit() else 3
 
-    p = plan(body, seed=cfg.seed, output_tokens=cfg.output_tokens, tool_calls_per_turn=cfg.tool_calls_per_turn)
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    p = plan(
+        body,
+        seed=cfg.seed,
+        output_tokens=cfg.output_tokens,
+        tool_calls_per_turn=cfg.tool_calls_per_turn,
+    )
+    if body.get("stream") is not True:
+        # non-streaming: the terminal response object, as the HTTP API returns it
+        final = list(response_events(body, p))[-1]["response"]
+        state.completed += 1
+        return web.Response(body=wire.dumps(final), content_type="application/json")
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
     state.started += 1
     state.active += 1
     try:
@@ -102,8 +121,15 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         for i, ev in enumerate(response_events(body, p)):
             if kind and i == after:
                 return await _inject(kind, request, resp, ev)
-            if ev["type"] in ("response.output_text.delta", "response.function_call_arguments.delta"):
-                due = t0 + cfg.ttft_ms / 1000 + (token / cfg.tokens_per_second if cfg.tokens_per_second else 0)
+            if ev["type"] in (
+                "response.output_text.delta",
+                "response.function_call_arguments.delta",
+            ):
+                due = (
+                    t0
+                    + cfg.ttft_ms / 1000
+                    + (token / cfg.tokens_per_second if cfg.tokens_per_second else 0)
+                )
                 token += 1
                 delay = due - time.monotonic()
                 if delay > 0:
@@ -119,7 +145,9 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         state.active -= 1
 
 
-async def _inject(kind: str, request: web.Request, resp: web.StreamResponse, ev: dict[str, Any]) -> web.StreamResponse:
+async def _inject(
+    kind: str, request: web.Request, resp: web.StreamResponse, ev: dict[str, Any]
+) -> web.StreamResponse:
     if kind == "cut":
         data = _sse(ev)
         await resp.write(data[: len(data) // 2])
@@ -129,7 +157,13 @@ async def _inject(kind: str, request: web.Request, resp: web.StreamResponse, ev:
     if kind == "stall":
         await asyncio.Event().wait()  # until the client goes away and the handler is cancelled
     if kind == "error":
-        err = {"type": "error", "code": "server_error", "message": "simulated mid-stream error", "param": None, "sequence_number": ev["sequence_number"]}
+        err = {
+            "type": "error",
+            "code": "server_error",
+            "message": "simulated mid-stream error",
+            "param": None,
+            "sequence_number": ev["sequence_number"],
+        }
         await resp.write(_sse(err))
     # "eof": end the stream with no terminal event
     return resp
@@ -145,12 +179,23 @@ async def _faults(request: web.Request) -> web.Response:
 async def _stats(request: web.Request) -> web.Response:
     s = request.app[SIM_STATE]
     return web.json_response(
-        {"started": s.started, "completed": s.completed, "cancelled": s.cancelled, "active": s.active, "requests": len(s.requests)}
+        {
+            "started": s.started,
+            "completed": s.completed,
+            "cancelled": s.cancelled,
+            "active": s.active,
+            "requests": len(s.requests),
+        }
     )
 
 
 async def _models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": [{"id": "sim", "object": "model", "created": 0, "owned_by": "wsmode"}]})
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [{"id": "sim", "object": "model", "created": 0, "owned_by": "wsmode"}],
+        }
+    )
 
 
 def create_sim_app(settings: SimSettings | None = None) -> web.Application:
@@ -160,4 +205,5 @@ def create_sim_app(settings: SimSettings | None = None) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/sim/faults", _faults)
     app.router.add_get("/sim/stats", _stats)
+    app.router.add_get("/healthz", _stats)
     return app

@@ -61,7 +61,13 @@ def response_events(body: dict[str, Any], plan: Plan) -> Iterator[dict[str, Any]
         output_tokens = max(1, len(call.arguments) // 4)
     else:
         item_id = new_id("msg")
-        item = {"id": item_id, "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+        item = {
+            "id": item_id,
+            "type": "message",
+            "role": "assistant",
+            "status": "in_progress",
+            "content": [],
+        }
         yield ev("response.output_item.added", output_index=0, item=dict(item))
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         yield ev(

@@ -68,13 +68,9 @@ def _outputs_since_user(items: list[Any]) -> int:
     return n
 
 
-def plan(
-    body: dict[str, Any], *, seed: int, output_tokens: int, tool_calls_per_turn: int
-) -> Plan:
+def plan(body: dict[str, Any], *, seed: int, output_tokens: int, tool_calls_per_turn: int) -> Plan:
     items = input_items(body)
-    digest = hashlib.sha256(
-        wire.dumps([body.get("instructions"), items])
-    ).hexdigest()
+    digest = hashlib.sha256(wire.dumps([body.get("instructions"), items])).hexdigest()
     rng = random.Random(f"{seed}:{digest}")
     input_tokens = max(1, len(wire.dumps(items)) // 4)
     names = _function_names(body.get("tools"))

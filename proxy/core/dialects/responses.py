@@ -120,7 +120,9 @@ class ResponsesStream:
 
     def _error(self, ev: dict[str, Any]) -> list[bytes]:
         """An HTTP-style SSE `error` (code/message at the top level) ends the response."""
-        inner = ev.get("error") if isinstance(ev.get("error"), dict) else ev
+        nested = ev.get("error")
+        inner = nested if isinstance(nested, dict) else ev
+        etype = inner.get("type") if nested is inner else None  # ev["type"] is just "error"
         status = ev.get("status")
         raise UpstreamError(
             str(inner.get("message") or "upstream reported an error"),
@@ -128,7 +130,7 @@ class ResponsesStream:
             status=status if isinstance(status, int) else 500,
             code=inner.get("code") if isinstance(inner.get("code"), str) else "server_error",
             param=inner.get("param") if isinstance(inner.get("param"), str) else None,
-            type=inner.get("type") if isinstance(inner.get("type"), str) else "server_error",
+            type=etype if isinstance(etype, str) else "server_error",
         )
 
 
