@@ -8,6 +8,7 @@ configured, the built-in simulated model is started on a free loopback port and 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -17,6 +18,8 @@ from proxy.config import Settings
 from proxy.core.conversation import CacheBudget
 from proxy.core.dialects.responses import ResponsesDialect
 from proxy.core.session import SessionLimits, UpstreamPolicy
+from proxy.core.store import MemoryStore
+from proxy.http_front import create_response, delete_response, get_response, input_items
 from proxy.passthrough import passthrough
 from proxy.sim.app import create_sim_app
 from proxy.state import APP_STATE, AppState
@@ -28,6 +31,8 @@ log = logging.getLogger("wsmode")
 async def _responses(request: web.Request) -> web.StreamResponse:
     if request.method == "GET" and request.headers.get("Upgrade", "").lower() == "websocket":
         return await ClientConnection(request.app[APP_STATE], request).run()
+    if request.method == "POST":
+        return await create_response(request)
     return await passthrough(request)
 
 
@@ -57,6 +62,10 @@ def create_app(settings: Settings) -> web.Application:
         max_queued=settings.limits.max_queued_per_connection,
     )
     url = settings.upstream.url
+    st = settings.store
+    store = (
+        MemoryStore(st.max_entries, st.max_bytes, st.ttl_seconds, time.time) if st.enabled else None
+    )
     app[APP_STATE] = AppState(
         settings=settings,
         upstream=UpstreamClient(url, settings.upstream),
@@ -64,11 +73,15 @@ def create_app(settings: Settings) -> web.Application:
         session_limits=limits,
         cache_budget=budget,
         upstream_url=url,
+        store=store,
         simulated=not url,
     )
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_get("/healthz", _healthz)
     app.router.add_route("*", "/v1/responses", _responses)
+    app.router.add_get("/v1/responses/{response_id}", get_response)
+    app.router.add_delete("/v1/responses/{response_id}", delete_response)
+    app.router.add_get("/v1/responses/{response_id}/input_items", input_items)
     app.router.add_route("*", "/v1/{tail:.*}", passthrough)
     return app
 

@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from proxy.core.conversation import ResponseCache
-from proxy.core.errors import UpstreamError
 from proxy.core.ids import new_id
 from proxy.core.session import (
     Action,
@@ -28,7 +27,8 @@ from proxy.core.session import (
     Session,
     StartUpstream,
 )
-from proxy.core.sse import SSEDecoder, SSEEventTooLarge
+from proxy.core.store import owner_of
+from proxy.pump import pump
 from proxy.state import AppState
 from proxy.upstream_http import FORWARDED_HEADERS
 
@@ -55,6 +55,8 @@ class ClientConnection:
             limits=state.session_limits,
             clock=time.time,
             new_id=new_id,
+            store=state.store,
+            owner=owner_of(request.headers.get("Authorization")),
         )
         self.upstream_headers = {
             k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS
@@ -123,25 +125,16 @@ class ClientConnection:
                 self.responses += 1
 
     async def _pump(self, start: StartUpstream) -> None:
-        run_id, session = start.run_id, self.session
-        decoder = SSEDecoder(self.state.settings.upstream.max_event_bytes)
         try:
-            async with self.state.upstream.stream(
-                start.path, b"".join(start.body), self.upstream_headers
-            ) as chunks:
-                async for chunk in chunks:
-                    for event in decoder.feed(chunk):
-                        await self._execute(session.upstream_event(run_id, event))
-                        if not session.is_active(run_id):
-                            return
-                await self._execute(session.upstream_eof(run_id))
-        except UpstreamError as err:
-            log.warning("connection %s upstream failure: %s", self.id, err.message)
-            await self._execute(session.upstream_failed(run_id, err))
-        except SSEEventTooLarge as exc:
-            too_large = UpstreamError(str(exc), started=True, code="upstream_event_too_large")
-            log.warning("connection %s upstream failure: %s", self.id, too_large.message)
-            await self._execute(session.upstream_failed(run_id, too_large))
+            await pump(
+                self.state.upstream,
+                self.session,
+                start,
+                self.upstream_headers,
+                self.state.settings.upstream.max_event_bytes,
+                self._execute,
+                f"connection {self.id}",
+            )
         finally:
-            if self.pumps.get(run_id) is asyncio.current_task():
-                del self.pumps[run_id]
+            if self.pumps.get(start.run_id) is asyncio.current_task():
+                del self.pumps[start.run_id]

@@ -58,6 +58,14 @@ class CacheSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreSettings:
+    enabled: bool = True
+    max_entries: int = 100_000
+    max_bytes: int = 1024 * MiB
+    ttl_seconds: float = 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
 class LimitsSettings:
     max_active_per_connection: int = 16
     max_lanes_per_connection: int = 32
@@ -69,6 +77,7 @@ class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
     sim: SimSettings = field(default_factory=SimSettings)
 
@@ -175,7 +184,7 @@ def _validate(s: Settings) -> None:
         raise ConfigError("upstream.url must start with http:// or https://")
     if not 0 <= s.server.port <= 65535:
         raise ConfigError("server.port must be between 0 and 65535")
-    for section in (s.server, s.upstream, s.cache, s.limits):
+    for section in (s.server, s.upstream, s.cache, s.store, s.limits):
         for f in dataclasses.fields(section):
             value = getattr(section, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:

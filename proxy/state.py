@@ -9,6 +9,7 @@ from aiohttp import web
 from proxy.config import Settings
 from proxy.core.conversation import CacheBudget
 from proxy.core.session import SessionLimits, UpstreamPolicy
+from proxy.core.store import ResponseStore
 from proxy.upstream_http import UpstreamClient
 
 
@@ -20,6 +21,7 @@ class AppState:
     session_limits: SessionLimits
     cache_budget: CacheBudget
     upstream_url: str
+    store: ResponseStore | None
     simulated: bool = False
 
 

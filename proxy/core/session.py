@@ -48,6 +48,7 @@ from proxy.core.errors import (
 from proxy.core.events import lifecycle_event, response_object, zero_usage
 from proxy.core.request import CreateRequest, check_stream_id, parse_create
 from proxy.core.sse import SSEEvent
+from proxy.core.store import ResponseStore, StoredResponse
 
 _STREAM_ID_KEY = b'"stream_id"'
 
@@ -134,6 +135,8 @@ class Session:
     limits: SessionLimits = field(default_factory=SessionLimits)
     clock: Callable[[], float] = lambda: 0.0
     new_id: Callable[[str], str] = lambda prefix: prefix
+    store: ResponseStore | None = None  # responses that outlive the socket (store != false)
+    owner: str = "anonymous"  # the credential scope for `store`
 
     def __post_init__(self) -> None:
         self._ids = itertools.count(1)
@@ -157,7 +160,7 @@ class Session:
             )
         kind = msg.get("type")
         if kind == "response.create":
-            return self._create(msg)
+            return self.create(msg)
         if kind == "response.steer":
             return self._steer(msg)
         if not isinstance(kind, str):
@@ -242,7 +245,8 @@ class Session:
 
     # ------------------------------------------------------------ creates
 
-    def _create(self, msg: dict[str, Any]) -> list[Action]:
+    def create(self, msg: dict[str, Any]) -> list[Action]:
+        """A `response.create` already parsed (the HTTP front hands its body in directly)."""
         lane: str | None = None
         try:
             lane = check_stream_id(msg.get("stream_id"))
@@ -309,7 +313,7 @@ class Session:
             self.cache.unpin(run.pinned)
             run.pinned = None
         if req.previous_response_id:
-            run.parent = self.cache.get(req.previous_response_id)
+            run.parent = self._lookup(req.previous_response_id)
             if run.parent is None:
                 del self._runs[run.id]
                 err = previous_response_not_found(req.previous_response_id)
@@ -326,6 +330,14 @@ class Session:
             and run.parent.settings.get("store") is not False
         )
         return [self._start_upstream(run)]
+
+    def _lookup(self, rid: str) -> CachedResponse | None:
+        """PROTOCOL 4.2: the connection cache first, then the store (stored responses only)."""
+        entry = self.cache.get(rid)
+        if entry is None and self.store is not None:
+            stored = self.store.get(rid, self.owner)
+            entry = stored.entry if stored is not None else None
+        return entry
 
     def _start_upstream(self, run: Run) -> StartUpstream:
         req, dialect = run.req, self.policy.dialect
@@ -358,7 +370,7 @@ class Session:
         created = lifecycle_event("response.created", resp, 0)
         done_resp = {**resp, "status": "completed", "usage": zero_usage(), "completed_at": now}
         completed = lifecycle_event("response.completed", done_resp, 1)
-        self._remember(run, rid, [])
+        self._remember(run, rid, [], done_resp)
         del self._runs[run.id]
         return [
             Send(self._event_frame(created, req.lane)),
@@ -374,7 +386,8 @@ class Session:
         rid = stream.response_id
         usage = (stream.response or {}).get("usage")
         if stream.outcome in ("completed", "incomplete") and rid:
-            self._remember(run, rid, [wire.dumps(item) for item in stream.output])
+            output = [wire.dumps(item) for item in stream.output]
+            self._remember(run, rid, output, stream.response or {})
         else:
             self._evict_parent(run)
         return [
@@ -412,11 +425,15 @@ class Session:
         self._busy_lanes.discard(run.req.lane)
         return self._schedule()
 
-    def _remember(self, run: Run, rid: str, output: list[bytes]) -> None:
+    def _remember(self, run: Run, rid: str, output: list[bytes], response: dict[str, Any]) -> None:
         parent = run.parent or EMPTY
         settings = {**run.req.settings, "store": run.req.store}
         added = Segment((*run.req.input_items, *output))
-        self.cache.put(parent.child(rid, run.req.lane, added, settings))
+        entry = parent.child(rid, run.req.lane, added, settings)
+        self.cache.put(entry)
+        if run.req.store and self.store is not None:
+            inputs = entry.item_count - len(output)
+            self.store.put(StoredResponse(entry, wire.dumps(response), inputs), self.owner)
 
     def _evict_parent(self, run: Run) -> None:
         """PROTOCOL 4.2: a failed same-lane continuation evicts its parent; a fork keeps it."""

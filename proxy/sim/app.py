@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from proxy.core import wire
 from proxy.sim.events import response_events
@@ -47,6 +48,7 @@ class SimState:
     cancelled: int = 0  # streams the client abandoned before the end
     active: int = 0
     bytes_received: int = 0
+    last_headers: dict[str, str] = field(default_factory=dict)  # of the latest request
 
 
 SIM_STATE = web.AppKey("sim_state", SimState)
@@ -198,8 +200,14 @@ async def _models(request: web.Request) -> web.Response:
     )
 
 
+@web.middleware
+async def _record_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    request.app[SIM_STATE].last_headers = dict(request.headers)
+    return await handler(request)
+
+
 def create_sim_app(settings: SimSettings | None = None) -> web.Application:
-    app = web.Application(client_max_size=1024**3)
+    app = web.Application(client_max_size=1024**3, middlewares=[_record_headers])
     app[SIM_STATE] = SimState(settings or SimSettings())
     app.router.add_post("/v1/responses", _responses)
     app.router.add_get("/v1/models", _models)

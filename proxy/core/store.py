@@ -1,0 +1,117 @@
+"""The response store: responses that outlive their socket (PROTOCOL 4.2 step 2, 4.5).
+
+Responses created with `store` not false (the API's default) are kept here as well as in
+their connection's cache, so `previous_response_id` works from another connection (the
+agents SDKs reconnect between runs and reuse ids), over plain HTTP `POST /v1/responses`,
+and for `GET`/`DELETE /v1/responses/{id}`. `store: false` responses never enter it.
+
+Entries are scoped to the credential that created them (a hash of its Authorization
+header): another credential gets `previous_response_not_found`, exactly as if the id did
+not exist. The store is bounded in entries and bytes (least recently used first, with the
+same shared-segment accounting as the connection cache) and entries expire after a TTL.
+
+`ResponseStore` is the interface a shared backend (Redis, a database) can implement later;
+`MemoryStore` is the in-process one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from proxy.core.conversation import CacheBudget, CachedResponse, ResponseCache
+
+
+def owner_of(authorization: str | None) -> str:
+    """The credential scope of a request: a hash, so no key is ever held or logged."""
+    if not authorization:
+        return "anonymous"
+    return hashlib.sha256(authorization.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    entry: CachedResponse  # the whole conversation, for continuations
+    response: bytes  # the final response object, for GET /v1/responses/{id}
+    input_count: int  # how many of entry's items were this response's input
+
+
+class ResponseStore(Protocol):
+    def get(self, rid: str, owner: str) -> StoredResponse | None: ...
+
+    def put(self, stored: StoredResponse, owner: str) -> bool: ...
+
+    def delete(self, rid: str, owner: str) -> bool: ...
+
+
+class MemoryStore:
+    def __init__(
+        self,
+        max_entries: int,
+        max_bytes: int,
+        ttl_seconds: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self._cache = ResponseCache(CacheBudget(max_entries, max_bytes), max_entries, max_bytes)
+        self._meta: dict[str, StoredResponse] = {}
+        self._expiry: OrderedDict[str, float] = OrderedDict()  # insertion order = expiry order
+        self._ttl = ttl_seconds
+        self._clock = clock
+
+    @staticmethod
+    def _key(rid: str, owner: str) -> str:
+        return f"{owner}:{rid}"
+
+    def __len__(self) -> int:
+        self._expire()
+        return len(self._cache)
+
+    @property
+    def nbytes(self) -> int:
+        return self._cache.nbytes
+
+    def get(self, rid: str, owner: str) -> StoredResponse | None:
+        self._expire()
+        key = self._key(rid, owner)
+        if self._cache.get(key) is None:
+            self._meta.pop(key, None)
+            return None
+        return self._meta.get(key)
+
+    def put(self, stored: StoredResponse, owner: str) -> bool:
+        self._expire()
+        key = self._key(stored.entry.id, owner)
+        keyed = CachedResponse(key, stored.entry.lane, stored.entry.segments, stored.entry.settings)
+        self._expiry.pop(key, None)
+        if not self._cache.put(keyed):
+            self._meta.pop(key, None)
+            return False
+        self._meta[key] = stored
+        self._expiry[key] = self._clock() + self._ttl
+        self._forget_evicted()
+        return key in self._meta
+
+    def delete(self, rid: str, owner: str) -> bool:
+        key = self._key(rid, owner)
+        self._expiry.pop(key, None)
+        self._meta.pop(key, None)
+        return self._cache.evict(key)
+
+    def _expire(self) -> None:
+        now = self._clock()
+        while self._expiry:
+            key, when = next(iter(self._expiry.items()))
+            if when > now:
+                break
+            del self._expiry[key]
+            self._meta.pop(key, None)
+            self._cache.evict(key)
+
+    def _forget_evicted(self) -> None:
+        if len(self._meta) > len(self._cache):
+            for key in [k for k in self._meta if k not in self._cache]:
+                del self._meta[key]
+                self._expiry.pop(key, None)

@@ -1,0 +1,171 @@
+"""Plain HTTP POST /v1/responses through the core, and the response store behind it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import orjson
+from openai import AsyncOpenAI
+from websockets.asyncio.client import connect
+
+from proxy.core.sse import SSEDecoder
+from tests.conftest import Proxy, Sim, create, recv, send, until_terminal, user
+
+KEY_A = {"Authorization": "Bearer sk-a"}
+KEY_B = {"Authorization": "Bearer sk-b"}
+
+
+async def post(
+    proxy: Proxy, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{proxy.http}/responses", json=body, headers=headers or KEY_A) as r,
+    ):
+        raw = await r.read()
+        if r.headers.get("Content-Type", "").startswith("text/event-stream"):
+            return r.status, SSEDecoder(1 << 24).feed(raw)
+        return r.status, orjson.loads(raw)
+
+
+async def test_streaming_sse_has_event_lines(proxy: Proxy, sim: Sim) -> None:
+    status, events = await post(proxy, {"model": "sim", "input": "hi", "stream": True})
+    assert status == 200
+    assert [e.event for e in events][:2] == ["response.created", "response.in_progress"]
+    assert events[-1].event == "response.completed"
+    for e in events:
+        assert orjson.loads(e.data)["type"] == e.event
+    upstream = sim.bodies()[0]
+    assert upstream["stream"] is True and upstream["store"] is False
+
+
+async def test_non_streaming_returns_the_response_object(proxy: Proxy) -> None:
+    status, doc = await post(proxy, {"model": "sim", "input": "hi"})
+    assert status == 200
+    assert doc["object"] == "response" and doc["status"] == "completed"
+    assert doc["output"][0]["type"] == "message" and doc["store"] is True
+
+
+async def test_http_chaining_from_a_stored_response(proxy: Proxy, sim: Sim) -> None:
+    _, first = await post(proxy, {"model": "sim", "input": [user("a")], "instructions": "x"})
+    _, second = await post(
+        proxy, {"model": "sim", "input": [user("b")], "previous_response_id": first["id"]}
+    )
+    assert second["status"] == "completed"
+    assert second["previous_response_id"] == first["id"]
+    assert sim.bodies()[1]["input"] == [user("a"), *first["output"], user("b")]
+    assert "instructions" not in sim.bodies()[1]
+
+
+async def test_store_false_is_never_chainable_over_http(proxy: Proxy) -> None:
+    _, first = await post(proxy, {"model": "sim", "input": "a", "store": False})
+    status, err = await post(
+        proxy, {"model": "sim", "input": "b", "previous_response_id": first["id"]}
+    )
+    assert status == 400
+    assert err["error"]["code"] == "previous_response_not_found"
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{proxy.http}/responses/{first['id']}", headers=KEY_A) as r,
+    ):
+        assert r.status == 404
+
+
+async def test_another_credential_is_denied(proxy: Proxy) -> None:
+    _, first = await post(proxy, {"model": "sim", "input": "a"})
+    status, err = await post(
+        proxy, {"model": "sim", "input": "b", "previous_response_id": first["id"]}, KEY_B
+    )
+    assert status == 400 and err["error"]["code"] == "previous_response_not_found"
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{proxy.http}/responses/{first['id']}", headers=KEY_B) as r:
+            assert r.status == 404
+        async with http.get(f"{proxy.http}/responses/{first['id']}", headers=KEY_A) as r:
+            assert r.status == 200 and (await r.json())["id"] == first["id"]
+
+
+async def test_cross_connection_continuation_over_websocket(proxy: Proxy, sim: Sim) -> None:
+    """The agents SDKs reconnect between runs and reuse the last response id."""
+    async with connect(proxy.ws, additional_headers=KEY_A) as ws:
+        await send(ws, create(input=[user("a")]))  # no `store`: the default true
+        first = (await until_terminal(ws))[-1]["response"]
+    async with connect(proxy.ws, additional_headers=KEY_A) as ws:
+        await send(ws, create(input=[user("b")], previous_response_id=first["id"]))
+        assert (await until_terminal(ws))[-1]["type"] == "response.completed"
+    async with connect(proxy.ws, additional_headers=KEY_B) as ws:
+        await send(ws, create(input=[user("c")], previous_response_id=first["id"]))
+        assert (await recv(ws))["error"]["code"] == "previous_response_not_found"
+    assert sim.bodies()[1]["input"] == [user("a"), *first["output"], user("b")]
+
+
+async def test_get_delete_and_input_items(proxy: Proxy) -> None:
+    _, first = await post(proxy, {"model": "sim", "input": [user("a")]})
+    _, second = await post(
+        proxy,
+        {"model": "sim", "input": [user("b"), user("c")], "previous_response_id": first["id"]},
+    )
+    base = f"{proxy.http}/responses/{second['id']}"
+    async with aiohttp.ClientSession(headers=KEY_A) as http:
+        async with http.get(base) as r:
+            assert (await r.json()) == second
+        async with http.get(f"{base}/input_items?order=asc") as r:
+            page = await r.json()
+        contents = [i.get("content") for i in page["data"]]
+        assert contents[0] == "a" and contents[-2:] == ["b", "c"]
+        assert page["data"][1]["id"] == first["output"][0]["id"]
+        assert page["has_more"] is False and page["first_id"] == page["data"][0]["id"]
+        async with http.get(f"{base}/input_items?limit=2") as r:
+            page = await r.json()
+        assert [i["content"] for i in page["data"]] == ["c", "b"] and page["has_more"] is True
+        async with http.get(f"{base}/input_items?limit=2&after={page['last_id']}") as r:
+            rest = await r.json()
+        assert len(rest["data"]) == 2 and rest["has_more"] is False
+        async with http.get(f"{base}/input_items?limit=0") as r:
+            assert r.status == 400
+        async with http.delete(base) as r:
+            assert await r.json() == {"id": second["id"], "object": "response", "deleted": True}
+        async with http.get(base) as r:
+            assert r.status == 404
+        async with http.delete(base) as r:
+            assert r.status == 404
+
+
+async def test_http_errors(proxy: Proxy, sim: Sim) -> None:
+    async with aiohttp.ClientSession() as http, http.post(
+        f"{proxy.http}/responses", data=b"{nope"
+    ) as r:
+        assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_json"
+    status, err = await post(proxy, {"model": "sim"})
+    assert status == 400 and err["error"]["param"] == "input"
+    status, err = await post(proxy, {"model": "sim", "input": "x", "background": True})
+    assert status == 400 and err["error"]["param"] == "background"
+    sim.state.faults.append("status:429")
+    status, err = await post(proxy, {"model": "sim", "input": "x", "stream": True})
+    assert status == 429 and err["error"]["message"] == "simulated upstream failure 429"
+
+
+async def test_mid_stream_failure_over_sse(proxy: Proxy, sim: Sim) -> None:
+    sim.state.faults.append("cut:5")
+    status, events = await post(proxy, {"model": "sim", "input": "x", "stream": True})
+    assert status == 200
+    assert [e.event for e in events[-2:]] == ["response.failed", "error"]
+    err = orjson.loads(events[-1].data)
+    assert err["type"] == "error" and err["code"] == "upstream_unavailable"
+    assert "error" not in err  # the HTTP shape: code/message/param at the top level
+    sim.state.faults.append("cut:5")
+    status, doc = await post(proxy, {"model": "sim", "input": "x"})
+    assert status == 502 and doc["error"]["code"] == "upstream_unavailable"
+
+
+async def test_openai_sdk_over_http(proxy: Proxy) -> None:
+    client = AsyncOpenAI(base_url=proxy.http, api_key="sk-a")
+    first = await client.responses.create(model="sim", input="hi")
+    assert first.output_text
+    stream = await client.responses.create(
+        model="sim", input="more", previous_response_id=first.id, stream=True
+    )
+    kinds = [ev.type async for ev in stream]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    fetched = await client.responses.retrieve(first.id)
+    assert fetched.id == first.id and fetched.output_text == first.output_text
