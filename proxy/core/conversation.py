@@ -136,8 +136,13 @@ class ResponseCache:
         return self._entries.get(rid)
 
     def put(self, entry: CachedResponse) -> bool:
-        """Cache `entry` as the most recently used. False if it cannot fit even alone."""
-        if entry.nbytes > self.max_bytes or self.max_entries < 1:
+        """Cache `entry` as the most recently used. False, with nothing changed, if it cannot
+        fit alone or beside this connection's pinned entries."""
+        if entry.nbytes > min(self.max_bytes, self.budget.max_bytes) or (
+            min(self.max_entries, self.budget.max_entries) < 1
+        ):
+            return False  # it could never fit: refuse before evicting anything for it
+        if self._pins and not self._fits_beside_pins(entry):
             return False
         if entry.id in self._entries:
             self.evict(entry.id)
@@ -161,6 +166,15 @@ class ResponseCache:
             self.evictions += 1
         self.budget.enforce()
         return entry.id in self._entries
+
+    def _fits_beside_pins(self, entry: CachedResponse) -> bool:
+        """Whether `entry` fits this connection's bounds next to the pinned entries, which
+        eviction cannot remove; otherwise `put` would evict others and then `entry` too."""
+        pinned = [self._entries[rid] for rid in self._pins if rid != entry.id]
+        if len(pinned) + 1 > self.max_entries:
+            return False
+        segs = {s for e in (*pinned, entry) for s in e.segments}
+        return sum(s.nbytes for s in segs) <= self.max_bytes
 
     def evict(self, rid: str) -> bool:
         entry = self._entries.pop(rid, None)

@@ -91,13 +91,13 @@ class ResponsesStream:
         if not isinstance(ev, dict) or not isinstance(ev.get("type", kind), str):
             raise UpstreamError("upstream sent an event without a type", started=True)
         kind = ev.setdefault("type", kind)
+        if kind == "error":  # never forwarded: its sequence number goes to our response.failed
+            return self._error(ev)
         seq = ev.get("sequence_number")
         if isinstance(seq, int):
             self.last_seq = seq
         if kind not in _PARSED:
             return [wire.dumps(ev)]
-        if kind == "error":
-            return self._error(ev)
         if kind == "response.output_item.done":
             item, index = ev.get("item"), ev.get("output_index")
             if isinstance(item, dict):
