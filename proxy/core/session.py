@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.core import wire
+from proxy.core import ids, wire
 from proxy.core.conversation import EMPTY, CachedResponse, ResponseCache, Segment
 from proxy.core.dialects import Dialect, StreamTranslator
 from proxy.core.errors import (
@@ -134,7 +134,7 @@ class Session:
     policy: UpstreamPolicy
     limits: SessionLimits = field(default_factory=SessionLimits)
     clock: Callable[[], float] = lambda: 0.0
-    new_id: Callable[[str], str] = lambda prefix: prefix
+    new_id: Callable[[str], str] = ids.new_id
     store: ResponseStore | None = None  # responses that outlive the socket (store != false)
     owner: str = "anonymous"  # the credential scope for `store`
 
@@ -353,7 +353,10 @@ class Session:
             }
             items = list(req.input_items)
         else:
-            extra = {"stream": True, "store": self.policy.store}
+            # an upstream that keeps state must store what the client stores, so that the next
+            # turn can continue natively; a stateless one needs to store nothing
+            store = req.store if self.policy.native_previous_response_id else self.policy.store
+            extra = {"stream": True, "store": store}
             parent = run.parent or EMPTY
             items = [*parent.items(), *req.input_items]
         return StartUpstream(run.id, dialect.body(req.settings, extra, items), dialect.path)

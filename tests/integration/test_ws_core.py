@@ -363,6 +363,7 @@ async def test_native_previous_response_id_falls_back_to_rebuild(
         first = (await until_terminal(ws))[-1]["response"]
         await send(ws, create(input=[user("b")], previous_response_id=first["id"]))
         assert (await until_terminal(ws))[-1]["type"] == "response.completed"
+    assert sim.bodies()[0]["store"] is True  # so that the upstream can continue natively
     native, rebuilt = sim.bodies()[1:]
     assert native["previous_response_id"] == first["id"]
     assert native["input"] == [user("b")] and native["store"] is True

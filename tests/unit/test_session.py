@@ -668,7 +668,8 @@ def test_native_falls_back_once_to_full_body_on_not_found() -> None:
     retry = the_start(actions)
     assert actions == [retry] and retry.run_id == start.run_id
     body = body_of(retry)
-    assert "previous_response_id" not in body and body["store"] is False
+    # native mode stores what the client stores (the default, true), so turns can chain
+    assert "previous_response_id" not in body and body["store"] is True
     assert body["input"] == [user("one"), assistant("ok"), user("two")]
     # a second not-found is not retried again: it is reported
     actions = s.upstream_failed(start.run_id, not_found)
