@@ -60,6 +60,8 @@ def create_app(settings: Settings) -> web.Application:
         max_active=settings.limits.max_active_per_connection,
         max_lanes=settings.limits.max_lanes_per_connection,
         max_queued=settings.limits.max_queued_per_connection,
+        steering=settings.limits.steering,
+        max_pending_steers=settings.limits.max_pending_steers,
     )
     url = settings.upstream.url
     st = settings.store

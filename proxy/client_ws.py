@@ -72,9 +72,13 @@ class ClientConnection:
         try:
             async with asyncio.TaskGroup() as tg:
                 self.tg = tg
+                lifetime = self.state.settings.server.connection_lifetime_seconds
+                timer = tg.create_task(self._expire_after(lifetime)) if lifetime > 0 else None
                 try:
                     await self._read()
                 finally:
+                    if timer is not None:
+                        timer.cancel()
                     await self._execute(self.session.client_gone())
                     for task in self.pumps.values():
                         task.cancel()
@@ -86,6 +90,10 @@ class ClientConnection:
             "connection %s closed code=%s responses=%d", self.id, ws.close_code, self.responses
         )
         return ws
+
+    async def _expire_after(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        await self._execute(self.session.lifetime_over())
 
     async def _read(self) -> None:
         ws = self.ws

@@ -33,6 +33,7 @@ class ServerSettings:
     port: int = 8080
     max_message_bytes: int = 16 * MiB  # larger client frames close the socket with 1009
     compression: bool = False  # permessage-deflate; costly on large frames
+    connection_lifetime_seconds: float = 3600.0  # then websocket_connection_limit_reached
     log_level: str = "INFO"
 
 
@@ -70,6 +71,8 @@ class LimitsSettings:
     max_active_per_connection: int = 16
     max_lanes_per_connection: int = 32
     max_queued_per_connection: int = 256
+    steering: bool = True
+    max_pending_steers: int = 8
 
 
 @dataclass(frozen=True, slots=True)

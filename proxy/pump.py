@@ -11,13 +11,17 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from proxy.core.errors import UpstreamError
-from proxy.core.session import Action, Session, StartUpstream
+from proxy.core.session import Action, CancelUpstream, Session, StartUpstream
 from proxy.core.sse import SSEDecoder, SSEEventTooLarge
 from proxy.upstream_http import UpstreamClient
 
 log = logging.getLogger("wsmode.upstream")
 
 Execute = Callable[[list[Action]], Awaitable[None]]
+
+
+class _Abandon(Exception):
+    """The session stopped this run itself (a steer, a cancel): close, do not drain."""
 
 
 async def pump(
@@ -35,10 +39,17 @@ async def pump(
         async with upstream.stream(start.path, b"".join(start.body), headers) as chunks:
             async for chunk in chunks:
                 for event in decoder.feed(chunk):
-                    await execute(session.upstream_event(run_id, event))
+                    actions = session.upstream_event(run_id, event)
+                    await execute(actions)
                     if not session.is_active(run_id):
-                        return
+                        if any(
+                            isinstance(a, CancelUpstream) and a.run_id == run_id for a in actions
+                        ):
+                            raise _Abandon  # leaving the stream early closes the upstream
+                        return  # a terminal event: the rest ([DONE]) is drained for reuse
             await execute(session.upstream_eof(run_id))
+    except _Abandon:
+        pass
     except UpstreamError as err:
         log.warning("%s upstream failure (%s): %s", label, err.status, err.message)
         await execute(session.upstream_failed(run_id, err))

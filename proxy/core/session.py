@@ -32,7 +32,7 @@ import enum
 import itertools
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.core import ids, wire
@@ -48,6 +48,15 @@ from proxy.core.errors import (
 from proxy.core.events import lifecycle_event, response_object, zero_usage
 from proxy.core.request import CreateRequest, check_stream_id, parse_create
 from proxy.core.sse import SSEEvent
+from proxy.core.steering import (
+    Steer,
+    SteerRejected,
+    accepted_event,
+    failed_event,
+    parse_steer,
+    pending_event,
+    required_input,
+)
 from proxy.core.store import ResponseStore, StoredResponse
 
 _STREAM_ID_KEY = b'"stream_id"'
@@ -112,6 +121,9 @@ class Run:
     parent: CachedResponse | None = None
     native: bool = False  # sent with the upstream's own previous_response_id
     stream: StreamTranslator | None = None
+    steers: list[Steer] = field(default_factory=list)  # accepted, not yet applied
+    applies: list[Steer] = field(default_factory=list)  # steers whose input this run carries
+    seq_offset: int = 0  # events the proxy inserted into this response's stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +131,8 @@ class SessionLimits:
     max_active: int = 16  # in-flight responses per connection (PROTOCOL 4.3)
     max_lanes: int = 32  # distinct named stream_ids per connection
     max_queued: int = 256  # creates waiting per connection
+    steering: bool = True  # emulate response.steer (PROTOCOL 2.2)
+    max_pending_steers: int = 8  # steers queued on one response (too_many_pending_steers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +158,8 @@ class Session:
         self._runs: dict[int, Run] = {}  # every run not yet DONE
         self._busy_lanes: set[str | None] = set()
         self._lanes: set[str] = set()  # named lanes ever used on this connection
+        self._waiting: dict[str, list[Steer]] = {}  # response id -> steers awaiting a create
+        self.expiring = False  # the connection lifetime is over: finish, then close
         self.closed = False
 
     # ------------------------------------------------------------ inputs
@@ -163,6 +179,8 @@ class Session:
             return self.create(msg)
         if kind == "response.steer":
             return self._steer(msg)
+        if kind == "response.cancel":
+            return self._cancel(msg)
         if not isinstance(kind, str):
             return self._reject(
                 ClientError("The message has no 'type'.", code="unknown_event_type", param="type")
@@ -187,6 +205,8 @@ class Session:
         out: list[Action] = [Send(self._lane_frame(run, f)) for f in frames]
         if run.stream.outcome is not None:
             out += self._finish_stream(run)
+        elif run.steers and self._at_boundary(run):
+            out += self._interrupt(run)
         return out
 
     def upstream_failed(self, run_id: int, err: UpstreamError) -> list[Action]:
@@ -229,8 +249,16 @@ class Session:
         self._runs.clear()
         self._queue.clear()
         self._busy_lanes.clear()
+        self._waiting.clear()  # queued steer input exists only on this connection (2.2)
         self.cache.clear()
         return out
+
+    def lifetime_over(self) -> list[Action]:
+        """The connection's lifetime is up (PROTOCOL 6): start nothing new; once no response
+        is in flight, send `websocket_connection_limit_reached` and close with 1001. Never
+        in the middle of a response."""
+        self.expiring = True
+        return self._maybe_close()
 
     def is_active(self, run_id: int) -> bool:
         return run_id in self._runs
@@ -279,25 +307,13 @@ class Session:
         self._queue.append(run)
         return self._schedule()
 
-    def _steer(self, msg: dict[str, Any]) -> list[Action]:
-        ev = {
-            "type": "response.steer.failed",
-            "steer": {"previous_response_id": msg.get("previous_response_id")},
-            "error": {
-                "type": "invalid_request_error",
-                "code": "steering_not_supported",
-                "message": "Steering is not supported by this server.",
-            },
-        }
-        return [Send(wire.dumps(ev))]
-
     def _schedule(self) -> list[Action]:
         """Start queued runs whose lane is idle, oldest first, while slots last.
 
         Starting a run can finish it at once (a warmup, a missing parent), which frees its
         lane again, so the scan restarts after every start until nothing more can start."""
         out: list[Action] = []
-        while self._queue and self.active_count < self.limits.max_active:
+        while not self.expiring and self._queue and self.active_count < self.limits.max_active:
             for run in self._queue:  # the first queued run of an idle lane is that lane's head
                 if run.req.lane not in self._busy_lanes:
                     break
@@ -319,8 +335,11 @@ class Session:
                 err = previous_response_not_found(req.previous_response_id)
                 return [
                     Send(self._error_frame(err, req.lane)),
+                    *self._steers_failed(run.applies, "successor_creation_failed"),
                     Finished(run.id, None, "rejected"),
                 ]
+            self._apply_waiting_steers(run)
+            req = run.req
         if not req.generate:
             return self._warmup(run)
         self._busy_lanes.add(req.lane)
@@ -388,12 +407,17 @@ class Session:
         assert stream is not None and stream.outcome is not None
         rid = stream.response_id
         usage = (stream.response or {}).get("usage")
+        out: list[Action] = []
         if stream.outcome in ("completed", "incomplete") and rid:
             output = [wire.dumps(item) for item in stream.output]
             self._remember(run, rid, output, stream.response or {})
+            if run.steers:
+                out += self._after_steered_end(run, rid)
         else:
             self._evict_parent(run)
+            out += self._steers_failed(run.steers, "response_not_active")
         return [
+            *out,
             Finished(run.id, rid, stream.outcome, usage if isinstance(usage, dict) else None),
             *self._end(run),
         ]
@@ -407,7 +431,7 @@ class Session:
         stream = run.stream
         seq: int | None = None
         if stream is not None and stream.response is not None:
-            seq = stream.last_seq + 1
+            seq = self._next_seq(run)
             failed = {
                 **stream.response,
                 "status": "failed",
@@ -417,6 +441,9 @@ class Session:
             out.append(Send(self._event_frame(ev, run.req.lane)))
             seq += 1
         out.append(Send(self._error_frame(err, run.req.lane, seq)))
+        if stream is None or stream.response is None:
+            out += self._steers_failed(run.applies, "successor_creation_failed")
+        out += self._steers_failed(run.steers, "response_not_active")
         self._evict_parent(run)
         rid = stream.response_id if stream is not None else None
         out.append(Finished(run.id, rid, "failed"))
@@ -426,7 +453,18 @@ class Session:
         run.state = RunState.DONE
         self._runs.pop(run.id, None)
         self._busy_lanes.discard(run.req.lane)
-        return self._schedule()
+        return self._schedule() + self._maybe_close()
+
+    def _maybe_close(self) -> list[Action]:
+        if not self.expiring or self.closed or self.active_count:
+            return []
+        self.closed = True
+        err = ClientError(
+            "This WebSocket connection reached its lifetime limit; open a new connection to "
+            "continue.",
+            code="websocket_connection_limit_reached",
+        )
+        return [Send(self._error_frame(err, None)), Close(1001, "connection lifetime reached")]
 
     def _remember(self, run: Run, rid: str, output: list[bytes], response: dict[str, Any]) -> None:
         parent = run.parent or EMPTY
@@ -443,6 +481,243 @@ class Session:
         if run.parent is not None and run.parent.lane == run.req.lane:
             self.cache.evict(run.parent.id)
 
+    # ------------------------------------------------------------ steering (2.2)
+
+    def _steer(self, msg: dict[str, Any]) -> list[Action]:
+        target = msg.get("previous_response_id")
+        run = self._streaming(target) if isinstance(target, str) else None
+        lane = run.req.lane if run is not None else None
+        try:
+            req = parse_steer(msg)
+            if run is None:
+                known = self.cache.peek(req.target) is not None or req.target in self._waiting
+                if known:
+                    raise SteerRejected(
+                        "response_already_completed", f"Response '{req.target}' has finished."
+                    )
+                if any(
+                    r.stream and r.stream.response_id == req.target for r in self._runs.values()
+                ):
+                    raise SteerRejected(
+                        "response_not_active",
+                        f"Response '{req.target}' no longer accepts steering.",
+                    )
+                raise SteerRejected(
+                    "response_not_found",
+                    f"Response '{req.target}' is not running on this connection.",
+                )
+            settings = run.req.settings
+            if (
+                not self.limits.steering
+                or settings.get("context_management")
+                or settings.get("conversation")
+            ):
+                raise SteerRejected(
+                    "steering_not_supported",
+                    "This response cannot be steered (steering is off, or it uses compaction "
+                    "or a conversation).",
+                )
+            waiting = sum(len(v) for v in self._waiting.values())
+            cap = self.limits.max_pending_steers
+            if len(run.steers) >= cap or waiting >= cap * 8:
+                raise SteerRejected("too_many_pending_steers", "Too much steering input is queued.")
+        except SteerRejected as err:
+            ev = failed_event(
+                err.code,
+                err.message,
+                target=target,
+                raw_input=msg.get("input"),
+                lane=lane,
+                seq=self._next_seq(run) if run is not None else 0,
+            )
+            if run is not None:
+                run.seq_offset += 1
+            return [Send(wire.dumps(ev))]
+        steer = Steer(self.new_id("steer"), req, run.req.lane)
+        run.steers.append(steer)
+        seq = self._next_seq(run)
+        run.seq_offset += 1
+        out: list[Action] = [Send(wire.dumps(accepted_event(steer, seq)))]
+        if self._at_boundary(run):
+            out += self._interrupt(run)
+        return out
+
+    def _streaming(self, response_id: str) -> Run | None:
+        for run in self._runs.values():
+            stream = run.stream
+            if run.state is RunState.STREAMING and stream and stream.response_id == response_id:
+                return run
+        return None
+
+    def _at_boundary(self, run: Run) -> bool:
+        """Between output items, and no function call emitted (then the response must end
+        for the client's tool output, and the steer waits: PROTOCOL 2.2 step 4)."""
+        stream = run.stream
+        if stream is None or stream.response is None or stream.open_items:
+            return False
+        return not any(
+            isinstance(i, dict) and i.get("type") == "function_call"
+            for i in stream.finished_items()
+        )
+
+    def _interrupt(self, run: Run) -> list[Action]:
+        """Stop at the boundary: end `incomplete` (reason `steered`) with the finished items,
+        cache that, and start the successor with the steer input."""
+        stream = run.stream
+        assert stream is not None and stream.response is not None and stream.response_id
+        rid = stream.response_id
+        items = stream.finished_items()
+        resp = {
+            **stream.response,
+            "status": "incomplete",
+            "incomplete_details": {"reason": "steered"},
+            "output": items,
+            "usage": None,
+        }
+        ev = lifecycle_event("response.incomplete", resp, self._next_seq(run))
+        self._remember(run, rid, [wire.dumps(i) for i in items], resp)
+        self._queue_successor(run, rid, run.steers)
+        run.steers = []
+        return [
+            Send(self._event_frame(ev, run.req.lane)),
+            CancelUpstream(run.id),
+            Finished(run.id, rid, "steered"),
+            *self._end(run),
+        ]
+
+    def _after_steered_end(self, run: Run, rid: str) -> list[Action]:
+        """The response ended before a boundary. Client tool output needed: the steers wait
+        (`response.steer.pending`, unless the client's create is already queued); otherwise
+        the automatic successor starts."""
+        assert run.stream is not None
+        steers, run.steers = run.steers, []
+        stubs = required_input(run.stream.output)
+        if not stubs:
+            self._queue_successor(run, rid, steers)
+            return []
+        self._waiting.setdefault(rid, []).extend(steers)
+        queued = any(
+            q.req.previous_response_id == rid and q.req.lane == run.req.lane for q in self._queue
+        )
+        if queued:
+            return []
+        out: list[Action] = []
+        for steer in steers:
+            out.append(Send(wire.dumps(pending_event(steer, stubs, self._next_seq(run)))))
+            run.seq_offset += 1
+        return out
+
+    def _queue_successor(self, run: Run, rid: str, steers: list[Steer]) -> None:
+        """The automatic successor inherits the parent's settings (PROTOCOL 2.2 step 3) and
+        goes first in its lane."""
+        body = {**run.req.body, "previous_response_id": rid, "input": []}
+        body.pop("generate", None)
+        req = parse_create(body)
+        items = tuple(item for steer in steers for item in steer.request.items)
+        successor = Run(next(self._ids), replace(req, input_items=items), applies=list(steers))
+        if self.cache.pin(rid):
+            successor.pinned = rid
+        self._runs[successor.id] = successor
+        self._queue.appendleft(successor)
+
+    def _apply_waiting_steers(self, run: Run) -> None:
+        """The client's explicit create after `response.steer.pending`: the queued steer
+        input goes first, in submission order; the request keeps its own settings."""
+        rid = run.req.previous_response_id
+        steers = self._waiting.get(rid or "")
+        if not steers or steers[0].lane != run.req.lane:
+            return
+        del self._waiting[rid or ""]
+        items = tuple(item for steer in steers for item in steer.request.items)
+        run.req = replace(run.req, input_items=items + run.req.input_items)
+        run.applies = steers
+
+    def _steers_failed(self, steers: list[Steer], code: str) -> list[Action]:
+        message = {
+            "successor_creation_failed": "Could not start the follow-up response; resend this "
+            "input with response.create.",
+            "response_not_active": "The response ended before the steering input was applied; "
+            "resend it with response.create.",
+        }[code]
+        return [
+            Send(
+                wire.dumps(
+                    failed_event(
+                        code,
+                        message,
+                        target=s.request.target,
+                        raw_input=s.request.raw_input,
+                        steer_id=s.id,
+                        lane=s.lane,
+                    )
+                )
+            )
+            for s in steers
+        ]
+
+    # ------------------------------------------------------------ cancel (extension)
+
+    def _cancel(self, msg: dict[str, Any]) -> list[Action]:
+        """`response.cancel` (a wsmode extension; PROTOCOL 2.4, 10.1): stop an in-flight
+        response. It ends with `response.incomplete` whose status is `cancelled`; the cache
+        is untouched (the parent stays, the cancelled response is not cached)."""
+        lane: str | None = None
+        try:
+            lane = check_stream_id(msg.get("stream_id"))
+            rid = msg.get("response_id")
+            if rid is not None and not isinstance(rid, str):
+                raise ClientError(
+                    "'response_id' must be a string.", code="invalid_type", param="response_id"
+                )
+            if rid:
+                run = self._streaming(rid)
+            else:
+                run = next(
+                    (
+                        r
+                        for r in self._runs.values()
+                        if r.req.lane == lane and r.state is not RunState.QUEUED
+                    ),
+                    None,
+                )
+            if run is None:
+                what = f"Response '{rid}' is" if rid else "No response is"
+                raise ClientError(
+                    f"{what} not in progress on this connection.",
+                    code="response_not_found",
+                    param="response_id" if rid else None,
+                )
+        except ClientError as err:
+            return self._reject(err, lane if err.code != "invalid_stream_id" else None)
+        return self._cancel_run(run)
+
+    def _cancel_run(self, run: Run) -> list[Action]:
+        stream = run.stream
+        if stream is not None and stream.response is not None:
+            resp = {**stream.response, "output": stream.finished_items()}
+            seq = self._next_seq(run)
+        else:  # nothing was sent yet for it: the terminal event is all the client sees
+            resp = response_object(
+                response_id=self.new_id("resp"),
+                request=run.req.body,
+                status="cancelled",
+                created_at=int(self.clock()),
+            )
+            seq = 0
+        resp.update(status="cancelled", incomplete_details={"reason": "cancelled"}, usage=None)
+        ev = lifecycle_event("response.incomplete", resp, seq)
+        return [
+            CancelUpstream(run.id),
+            Send(self._event_frame(ev, run.req.lane)),
+            *self._steers_failed(run.steers, "response_not_active"),
+            *self._steers_failed(
+                run.applies if stream is None or stream.response is None else [],
+                "successor_creation_failed",
+            ),
+            Finished(run.id, resp["id"], "cancelled"),
+            *self._end(run),
+        ]
+
     # ------------------------------------------------------------ frames
 
     def _reject(self, err: ClientError, lane: str | None = None) -> list[Action]:
@@ -457,10 +732,20 @@ class Session:
         return wire.dumps(ev)
 
     def _lane_frame(self, run: Run, frame: bytes) -> bytes:
+        if run.seq_offset:  # the proxy inserted steer events: shift the upstream's numbers
+            ev = wire.loads(frame)
+            if isinstance(ev.get("sequence_number"), int):
+                ev["sequence_number"] += run.seq_offset
+            frame = wire.dumps(ev)
         lane = run.req.lane
         if lane is None:
             return frame
         return wire.with_field(frame, _STREAM_ID_KEY, wire.dumps(lane))
+
+    def _next_seq(self, run: Run) -> int:
+        """The sequence number of the next event the proxy writes into `run`'s stream."""
+        assert run.stream is not None
+        return run.stream.last_seq + run.seq_offset + 1
 
 
 __all__ = [

@@ -36,6 +36,7 @@ class SimSettings:
     output_tokens: int = 60
     seed: int = 0
     tool_calls_per_turn: int = 1
+    output_items: int = 1  # assistant messages a text answer is split over
 
 
 @dataclass
@@ -47,6 +48,7 @@ class SimState:
     completed: int = 0
     cancelled: int = 0  # streams the client abandoned before the end
     active: int = 0
+    peak_active: int = 0  # the most streams open at once
     bytes_received: int = 0
     last_headers: dict[str, str] = field(default_factory=dict)  # of the latest request
 
@@ -105,6 +107,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         seed=cfg.seed,
         output_tokens=cfg.output_tokens,
         tool_calls_per_turn=cfg.tool_calls_per_turn,
+        output_items=cfg.output_items,
     )
     if body.get("stream") is not True:
         # non-streaming: the terminal response object, as the HTTP API returns it
@@ -116,6 +119,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
     )
     state.started += 1
     state.active += 1
+    state.peak_active = max(state.peak_active, state.active)
     try:
         await resp.prepare(request)
         t0 = time.monotonic()

@@ -8,7 +8,7 @@ whose response object carries every finished output item and the usage.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from proxy.core.events import response_object
@@ -59,53 +59,18 @@ def response_events(body: dict[str, Any], plan: Plan) -> Iterator[dict[str, Any]
         )
         item.update(status="completed", arguments=call.arguments)
         output_tokens = max(1, len(call.arguments) // 4)
+        yield ev("response.output_item.done", output_index=0, item=item)
+        output = [item]
     else:
-        item_id = new_id("msg")
-        item = {
-            "id": item_id,
-            "type": "message",
-            "role": "assistant",
-            "status": "in_progress",
-            "content": [],
-        }
-        yield ev("response.output_item.added", output_index=0, item=dict(item))
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        yield ev(
-            "response.content_part.added",
-            item_id=item_id,
-            output_index=0,
-            content_index=0,
-            part=part,
-        )
-        for token in plan.tokens:
-            yield ev(
-                "response.output_text.delta",
-                item_id=item_id,
-                output_index=0,
-                content_index=0,
-                delta=token,
-                logprobs=[],
-            )
-        text = "".join(plan.tokens)
-        yield ev(
-            "response.output_text.done",
-            item_id=item_id,
-            output_index=0,
-            content_index=0,
-            text=text,
-            logprobs=[],
-        )
-        done_part = {**part, "text": text}
-        yield ev(
-            "response.content_part.done",
-            item_id=item_id,
-            output_index=0,
-            content_index=0,
-            part=done_part,
-        )
-        item.update(status="completed", content=[done_part])
+        # the text, split evenly over `plan.items` assistant messages (one by default)
+        n = max(1, min(plan.items, len(plan.tokens)))
+        size = -(-len(plan.tokens) // n)
+        output = []
+        for index in range(n):
+            tokens = plan.tokens[index * size : (index + 1) * size]
+            item = yield from _message(ev, index, tokens)
+            output.append(item)
         output_tokens = len(plan.tokens)
-    yield ev("response.output_item.done", output_index=0, item=item)
     usage = {
         "input_tokens": plan.input_tokens,
         "input_tokens_details": {"cached_tokens": 0},
@@ -117,7 +82,34 @@ def response_events(body: dict[str, Any], plan: Plan) -> Iterator[dict[str, Any]
         **resp,
         "status": "completed",
         "completed_at": int(time.time()),
-        "output": [item],
+        "output": output,
         "usage": usage,
     }
     yield ev("response.completed", response=final)
+
+
+def _message(
+    ev: Callable[..., dict[str, Any]], index: int, tokens: list[str]
+) -> Generator[dict[str, Any], None, dict[str, Any]]:
+    """The events of one assistant message at `output_index` `index`; returns the item."""
+    item_id = new_id("msg")
+    item: dict[str, Any] = {
+        "id": item_id,
+        "type": "message",
+        "role": "assistant",
+        "status": "in_progress",
+        "content": [],
+    }
+    at = {"item_id": item_id, "output_index": index, "content_index": 0}
+    yield ev("response.output_item.added", output_index=index, item=dict(item))
+    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    yield ev("response.content_part.added", **at, part=part)
+    for token in tokens:
+        yield ev("response.output_text.delta", **at, delta=token, logprobs=[])
+    text = "".join(tokens)
+    yield ev("response.output_text.done", **at, text=text, logprobs=[])
+    done_part = {**part, "text": text}
+    yield ev("response.content_part.done", **at, part=done_part)
+    item.update(status="completed", content=[done_part])
+    yield ev("response.output_item.done", output_index=index, item=item)
+    return item

@@ -39,6 +39,7 @@ class Plan:
     tool_call: ToolCall | None
     input_tokens: int
     digest: str  # hex digest of the request's conversation (input items + instructions)
+    items: int = 1  # assistant messages the text is split over
 
 
 def input_items(body: dict[str, Any]) -> list[Any]:
@@ -68,7 +69,14 @@ def _outputs_since_user(items: list[Any]) -> int:
     return n
 
 
-def plan(body: dict[str, Any], *, seed: int, output_tokens: int, tool_calls_per_turn: int) -> Plan:
+def plan(
+    body: dict[str, Any],
+    *,
+    seed: int,
+    output_tokens: int,
+    tool_calls_per_turn: int,
+    output_items: int = 1,
+) -> Plan:
     items = input_items(body)
     digest = hashlib.sha256(wire.dumps([body.get("instructions"), items])).hexdigest()
     rng = random.Random(f"{seed}:{digest}")
@@ -89,4 +97,4 @@ def plan(body: dict[str, Any], *, seed: int, output_tokens: int, tool_calls_per_
         return Plan([], call, input_tokens, digest)
     count = max(1, output_tokens)
     tokens = [("" if i == 0 else " ") + rng.choice(_WORDS) for i in range(count)]
-    return Plan(tokens, None, input_tokens, digest)
+    return Plan(tokens, None, input_tokens, digest, items=output_items)

@@ -715,7 +715,7 @@ def test_native_other_errors_are_not_retried() -> None:
         (b"", "invalid_json"),
         (b"[1, 2]", "invalid_json"),
         (b'"response.create"', "invalid_json"),
-        (b'{"type": "response.cancel"}', "unknown_event_type"),
+        (b'{"type": "response.frobnicate"}', "unknown_event_type"),
         (b'{"model": "m", "input": []}', "unknown_event_type"),
         (b'{"type": 5}', "unknown_event_type"),
     ],
@@ -732,9 +732,9 @@ def test_bad_client_messages(raw: bytes, code: str) -> None:
 
 def test_unknown_type_param_and_message() -> None:
     s = make_session()
-    [err] = sends(s.client_message(b'{"type": "response.cancel"}'))
+    [err] = sends(s.client_message(b'{"type": "response.frobnicate"}'))
     assert err["error"]["param"] == "type"
-    assert "'response.cancel'" in err["error"]["message"]
+    assert "'response.frobnicate'" in err["error"]["message"]
 
 
 def test_client_message_accepts_str() -> None:
@@ -743,12 +743,12 @@ def test_client_message_accepts_str() -> None:
     assert the_start(s.client_message(msg)).run_id == 1
 
 
-def test_steer_is_refused_politely() -> None:
+def test_steer_without_input_is_invalid_input() -> None:
     s = make_session()
     [ev] = sends(s.client_message(b'{"type":"response.steer","previous_response_id":"r1"}'))
     assert ev["type"] == "response.steer.failed"
-    assert ev["error"]["code"] == "steering_not_supported"
-    assert ev["steer"] == {"previous_response_id": "r1"}
+    assert ev["error"]["code"] == "invalid_input"
+    assert ev["steer"] == {"previous_response_id": "r1", "input": None}
 
 
 # ------------------------------------------------------------------ client gone

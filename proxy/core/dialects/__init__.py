@@ -19,6 +19,11 @@ class StreamTranslator(Protocol):
     outcome: str | None  # "completed" | "incomplete" | "failed" once the terminal event passed
     output: list[Any]  # the output items, final once `outcome` is set
     last_seq: int  # the last sequence_number forwarded, -1 before any
+    open_items: int  # output items added and not yet done (0 at an item boundary)
+
+    def finished_items(self) -> list[Any]:
+        """The output items done so far, in output order (steering and cancel keep them)."""
+        ...
 
     def feed(self, event: SSEEvent) -> list[bytes]:
         """Events to forward for one upstream SSE event. Raises UpstreamError on garbage."""

@@ -27,6 +27,7 @@ _PARSED = frozenset(
         "response.created",
         "response.queued",
         "response.in_progress",
+        "response.output_item.added",
         "response.output_item.done",
         "error",
         *TERMINAL_TYPES,
@@ -57,7 +58,11 @@ class ResponsesStream:
         self.outcome: str | None = None
         self.output: list[Any] = []
         self.last_seq = -1
+        self.open_items = 0
         self._items: dict[int, Any] = {}  # output_item.done items by output_index
+
+    def finished_items(self) -> list[Any]:
+        return [self._items[k] for k in sorted(self._items)]
 
     def feed(self, event: SSEEvent) -> list[bytes]:
         if self.outcome is not None:
@@ -98,7 +103,11 @@ class ResponsesStream:
             self.last_seq = seq
         if kind not in _PARSED:
             return [wire.dumps(ev)]
+        if kind == "response.output_item.added":
+            self.open_items += 1
+            return [data.strip()]
         if kind == "response.output_item.done":
+            self.open_items = max(0, self.open_items - 1)
             item, index = ev.get("item"), ev.get("output_index")
             if isinstance(item, dict):
                 self._items[index if isinstance(index, int) else len(self._items)] = item
@@ -113,7 +122,7 @@ class ResponsesStream:
         if kind in TERMINAL_TYPES:
             output = resp.get("output")
             if not output and self._items:
-                output = resp["output"] = [self._items[k] for k in sorted(self._items)]
+                output = resp["output"] = self.finished_items()
             self.output = output if isinstance(output, list) else []
             self.outcome = kind.removeprefix("response.")
         return [wire.dumps(ev)]
