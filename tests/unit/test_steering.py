@@ -1,0 +1,236 @@
+"""Steering, cancel and lifetime in the session state machine, and steer validation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.core.session import CancelUpstream, Close, SessionLimits
+from proxy.core.steering import SteerRejected, parse_steer, required_input
+from tests.unit.test_session import (
+    body_of,
+    create,
+    created,
+    delta,
+    feed,
+    finished,
+    make_session,
+    sends,
+    starts,
+    the_start,
+    user,
+)
+
+
+def added(seq: int, index: int, kind: str = "message") -> dict[str, Any]:
+    item = {"id": f"i{index}", "type": kind}
+    return {
+        "type": "response.output_item.added",
+        "sequence_number": seq,
+        "output_index": index,
+        "item": item,
+    }
+
+
+def done(seq: int, index: int, item: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "response.output_item.done",
+        "sequence_number": seq,
+        "output_index": index,
+        "item": item,
+    }
+
+
+MSG = {
+    "id": "i0",
+    "type": "message",
+    "role": "assistant",
+    "content": [{"type": "output_text", "text": "a"}],
+}
+CALL = {"id": "i0", "type": "function_call", "call_id": "c1", "name": "run", "arguments": "{}"}
+
+
+def steer(target: str, input: Any = "more") -> bytes:
+    return orjson.dumps({"type": "response.steer", "previous_response_id": target, "input": input})
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        {"type": "response.steer", "previous_response_id": "r", "input": "x", "stream_id": "a"},
+        {"type": "response.steer", "input": "x"},
+        {"type": "response.steer", "previous_response_id": "r", "input": ""},
+        {"type": "response.steer", "previous_response_id": "r", "input": []},
+        {
+            "type": "response.steer",
+            "previous_response_id": "r",
+            "input": [{"role": "assistant", "content": "x"}],
+        },
+        {
+            "type": "response.steer",
+            "previous_response_id": "r",
+            "input": [{"type": "function_call_output", "role": "user", "content": "x"}],
+        },
+        {
+            "type": "response.steer",
+            "previous_response_id": "r",
+            "input": [{"role": "user", "content": [{"type": "output_text", "text": "x"}]}],
+        },
+        {
+            "type": "response.steer",
+            "previous_response_id": "r",
+            "input": [{"role": "user", "content": 5}],
+        },
+    ],
+)
+def test_parse_steer_rejects(msg: dict[str, Any]) -> None:
+    with pytest.raises(SteerRejected) as info:
+        parse_steer(msg)
+    assert info.value.code == "invalid_input"
+
+
+def test_parse_steer_normalises_to_user_messages() -> None:
+    req = parse_steer(
+        {
+            "type": "response.steer",
+            "previous_response_id": "r",
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}]}],
+        }
+    )
+    assert [orjson.loads(i) for i in req.items] == [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}]}
+    ]
+    assert [
+        orjson.loads(i)
+        for i in parse_steer(
+            {"type": "response.steer", "previous_response_id": "r", "input": "b"}
+        ).items
+    ] == [user("b")]
+
+
+def test_required_input_stubs() -> None:
+    assert required_input([MSG, CALL]) == [
+        {"type": "function_call_output", "call_id": "c1", "name": "run"}
+    ]
+
+
+def test_steer_waits_for_the_item_boundary_then_successor_starts() -> None:
+    s = make_session()
+    start = the_start(create(s, input=[user("go")], instructions="keep"))
+    feed(s, start.run_id, [created("r1"), added(1, 0), delta(2)])
+    out = s.client_message(steer("r1"))
+    [accepted] = sends(out)
+    assert accepted["type"] == "response.steer.accepted" and accepted["sequence_number"] == 3
+    assert starts(out) == [] and s.is_active(start.run_id)
+    out = feed(s, start.run_id, [delta(3), done(4, 0, MSG)])
+    evs = sends(out)
+    # the upstream's numbers shift by the inserted steer event
+    assert [e["sequence_number"] for e in evs] == [4, 5, 6]
+    assert evs[-1]["type"] == "response.incomplete"
+    assert evs[-1]["response"]["incomplete_details"] == {"reason": "steered"}
+    assert evs[-1]["response"]["output"] == [MSG]
+    assert CancelUpstream(start.run_id) in out and not s.is_active(start.run_id)
+    successor = body_of(the_start(out))
+    assert successor["input"] == [user("go"), MSG, user("more")]
+    assert successor["instructions"] == "keep"
+    assert [f.outcome for f in finished(out)] == ["steered"]
+
+
+def test_steer_between_items_interrupts_at_once() -> None:
+    s = make_session()
+    start = the_start(create(s))
+    feed(s, start.run_id, [created("r1"), added(1, 0), done(2, 0, MSG)])
+    out = s.client_message(steer("r1"))
+    assert [e["type"] for e in sends(out)] == ["response.steer.accepted", "response.incomplete"]
+    assert len(starts(out)) == 1
+
+
+def test_steer_after_function_call_waits_for_pending() -> None:
+    s = make_session()
+    start = the_start(create(s, stream_id="L"))
+    feed(s, start.run_id, [created("r1"), added(1, 0, "function_call")])
+    s.client_message(steer("r1"))
+    final = {"id": "r1", "status": "completed", "output": [CALL]}
+    out = feed(
+        s,
+        start.run_id,
+        [done(2, 0, CALL), {"type": "response.completed", "sequence_number": 3, "response": final}],
+    )
+    evs = sends(out)
+    assert [e["type"] for e in evs] == [
+        "response.output_item.done",
+        "response.completed",
+        "response.steer.pending",
+    ]
+    assert evs[-1]["stream_id"] == "L" and evs[-1]["sequence_number"] == 5
+    assert starts(out) == []
+    tool_out = {"type": "function_call_output", "call_id": "c1", "output": "x"}
+    nxt = body_of(the_start(create(s, stream_id="L", previous_response_id="r1", input=[tool_out])))
+    assert nxt["input"][-2:] == [user("more"), tool_out]
+
+
+def test_create_already_queued_skips_pending() -> None:
+    s = make_session()
+    start = the_start(create(s))
+    feed(s, start.run_id, [created("r1"), added(1, 0, "function_call")])
+    s.client_message(steer("r1"))
+    tool_out = {"type": "function_call_output", "call_id": "c1", "output": "x"}
+    assert create(s, previous_response_id="r1", input=[tool_out]) == []  # queued
+    final = {"id": "r1", "status": "completed", "output": [CALL]}
+    out = feed(
+        s,
+        start.run_id,
+        [done(2, 0, CALL), {"type": "response.completed", "sequence_number": 3, "response": final}],
+    )
+    assert "response.steer.pending" not in [e["type"] for e in sends(out)]
+    assert body_of(the_start(out))["input"][-2:] == [user("more"), tool_out]
+
+
+def test_successor_failure_returns_the_steer_input() -> None:
+    from proxy.core.errors import UpstreamError
+
+    s = make_session()
+    start = the_start(create(s))
+    feed(s, start.run_id, [created("r1"), added(1, 0), done(2, 0, MSG)])
+    out = s.client_message(steer("r1", "please"))
+    succ = the_start(out)
+    evs = sends(s.upstream_failed(succ.run_id, UpstreamError("down", status=503)))
+    assert [e["type"] for e in evs] == ["error", "response.steer.failed"]
+    assert evs[1]["error"]["code"] == "successor_creation_failed"
+    assert evs[1]["steer"]["input"] == "please" and evs[1]["steer"]["id"].startswith("steer_")
+
+
+def test_cancel_before_created_mints_a_cancelled_terminal() -> None:
+    s = make_session()
+    start = the_start(create(s, stream_id="x"))
+    out = s.client_message(b'{"type": "response.cancel", "stream_id": "x"}')
+    [ev] = sends(out)
+    assert ev["type"] == "response.incomplete" and ev["response"]["status"] == "cancelled"
+    assert ev["stream_id"] == "x" and ev["sequence_number"] == 0
+    assert CancelUpstream(start.run_id) in out and not s.is_active(start.run_id)
+    assert len(s.cache) == 0
+
+
+def test_lifetime_closes_only_when_idle() -> None:
+    s = make_session(limits=SessionLimits())
+    start = the_start(create(s))
+    feed(s, start.run_id, [created("r1")])
+    assert s.lifetime_over() == []  # a response is in flight
+    assert create(s) == []  # nothing new starts now
+    out = feed(
+        s,
+        start.run_id,
+        [
+            {
+                "type": "response.completed",
+                "sequence_number": 1,
+                "response": {"id": "r1", "status": "completed", "output": []},
+            }
+        ],
+    )
+    [_, err] = sends(out)
+    assert err["error"]["code"] == "websocket_connection_limit_reached" and err["status"] == 400
+    assert Close(1001, "connection lifetime reached") in out
+    assert starts(out) == []
