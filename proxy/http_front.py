@@ -194,37 +194,35 @@ def _owner(request: web.Request) -> str:
     return owner_of(request.headers.get("Authorization"))
 
 
+async def _missing(request: web.Request) -> web.StreamResponse:
+    """Not in our store: an upstream that keeps its own state may know it; else 404."""
+    if request.app[APP_STATE].settings.upstream.native_previous_response_id:
+        return await passthrough(request)
+    return _not_found(request.match_info["response_id"])
+
+
 async def get_response(request: web.Request) -> web.StreamResponse:
-    state = request.app[APP_STATE]
-    rid = request.match_info["response_id"]
     stored = _stored(request)
     if stored is None:
-        if state.settings.upstream.native_previous_response_id:
-            return await passthrough(request)
-        return _not_found(rid)
+        return await _missing(request)
     return web.Response(body=stored.response, content_type="application/json")
 
 
 async def delete_response(request: web.Request) -> web.StreamResponse:
-    state = request.app[APP_STATE]
+    store = request.app[APP_STATE].store
     rid = request.match_info["response_id"]
-    if state.store is None or not state.store.delete(rid, _owner(request)):
-        if state.settings.upstream.native_previous_response_id:
-            return await passthrough(request)
-        return _not_found(rid)
+    if store is None or not store.delete(rid, _owner(request)):
+        return await _missing(request)
     return web.json_response({"id": rid, "object": "response", "deleted": True})
 
 
 async def input_items(request: web.Request) -> web.StreamResponse:
     """The items the response was given (its parents' items and its own input), paginated
     like the API: `order` (default desc), `limit` (1-100, default 20), `after`."""
-    state = request.app[APP_STATE]
     rid = request.match_info["response_id"]
     stored = _stored(request)
     if stored is None:
-        if state.settings.upstream.native_previous_response_id:
-            return await passthrough(request)
-        return _not_found(rid)
+        return await _missing(request)
     q = request.query
     order = q.get("order", "desc")
     if order not in ("asc", "desc"):
