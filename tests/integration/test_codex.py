@@ -1,0 +1,79 @@
+"""Codex CLI, unmodified, over WebSocket mode (CLIENTS.md 2.6).
+
+Codex is a 400 MB npm package, so this runs only where it is installed: set WSMODE_CODEX_BIN
+to its `codex` binary (e.g. after `npm install @openai/codex@0.169.0`, node_modules/.bin/codex).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import seconds
+
+CODEX = os.environ.get("WSMODE_CODEX_BIN", "")
+pytestmark = pytest.mark.skipif(not CODEX, reason="set WSMODE_CODEX_BIN to run Codex CLI")
+
+
+async def test_codex_exec_uses_websocket_mode(
+    tmp_path: Path, sim_factory: Any, proxy_factory: Any
+) -> None:
+    sim = await sim_factory(output_tokens=12)
+    proxy = await proxy_factory(sim.url)
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f"""model = "fake-model"
+model_provider = "local"
+
+[model_providers.local]
+name = "wsmode"
+base_url = "{proxy.http}"
+wire_api = "responses"
+env_key = "LOCAL_API_KEY"
+supports_websockets = true
+request_max_retries = 0
+stream_max_retries = 0
+stream_idle_timeout_ms = 15000
+"""
+    )
+    last = tmp_path / "last.txt"
+    proc = await asyncio.create_subprocess_exec(
+        CODEX,
+        "exec",
+        "--skip-git-repo-check",
+        "--ephemeral",
+        "-s",
+        "read-only",
+        "--json",
+        "-o",
+        str(last),
+        "say hi",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "CODEX_HOME": str(home), "LOCAL_API_KEY": "sk-test"},
+        cwd=tmp_path,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), seconds(120))
+    text = out.decode() + err.decode()
+    assert proc.returncode == 0, text
+    assert "Falling back from WebSockets" not in text
+    events = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+    messages = [
+        e["item"]["text"] for e in events if e.get("item", {}).get("type") == "agent_message"
+    ]
+    assert messages and last.read_text().strip() == messages[-1].strip()
+    assert any(e["type"] == "turn.completed" for e in events)
+    bodies = sim.bodies()
+    # the prewarm never reached the model; every later turn carried the whole history
+    assert bodies and all("previous_response_id" not in b for b in bodies)
+    assert bodies[0]["input"][0]["role"] == "developer"
+    for earlier, later in itertools.pairwise(bodies):
+        assert later["input"][: len(earlier["input"])] == earlier["input"]
