@@ -27,9 +27,12 @@ from lru import LRU
 _UNBOUNDED = 2**31 - 1  # lru-dict needs a size; we evict by our own budgets, never by this
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
 class Segment:
-    """The items one response added to its conversation: its new input, then its output."""
+    """The items one response added to its conversation: its new input, then its output.
+
+    Weakly referenceable, so proxy/core/context.py can keep each segment's rendering and
+    token counts beside it for exactly as long as the segment lives."""
 
     items: tuple[bytes, ...]
     nbytes: int = field(init=False)

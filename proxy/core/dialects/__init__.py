@@ -14,11 +14,25 @@ from proxy.core.sse import SSEEvent
 
 
 class StreamTranslator(Protocol):
-    response_id: str | None
-    response: dict[str, Any] | None  # the latest response object seen (created, in_progress)
-    outcome: str | None  # "completed" | "incomplete" | "failed" once the terminal event passed
-    output: list[Any]  # the output items, final once `outcome` is set
-    last_seq: int  # the last sequence_number forwarded, -1 before any
+    # read-only to the session: plain attributes in the dialects, properties in wrappers
+    @property
+    def response_id(self) -> str | None: ...
+
+    @property
+    def response(self) -> dict[str, Any] | None:
+        """The latest response object seen (created, in_progress, the terminal one)."""
+
+    @property
+    def outcome(self) -> str | None:
+        """ "completed" | "incomplete" | "failed" once the terminal event passed."""
+
+    @property
+    def output(self) -> list[Any]:
+        """The output items, final once `outcome` is set."""
+
+    @property
+    def last_seq(self) -> int:
+        """The last sequence_number forwarded, -1 before any."""
 
     def feed(self, event: SSEEvent) -> list[bytes]:
         """Events to forward for one upstream SSE event. Raises UpstreamError on garbage."""

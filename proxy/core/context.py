@@ -1,0 +1,464 @@
+"""The context window of a stateless upstream: rendering, counting, truncation, compaction.
+
+Theory of operation
+-------------------
+Before a run goes upstream the session asks `ContextManager.prepare` for the items to send
+(PROTOCOL 7, 8.3). Preparing does, in order:
+
+1. **Render** the conversation: the parent's cached segments, then the new input, with every
+   compaction item expanded (proxy/core/compaction.py) and everything before the latest one
+   dropped. Each cached segment is rendered once and the result memoised beside it (a weak
+   map keyed by the segment), with one token count per rendered item: an ordinary turn costs
+   one lookup per segment, and a compaction item in the history is decrypted once, not
+   every turn. Opened compaction items are also memoised by content (bounded), for clients
+   that resend the whole history each turn.
+2. **Compact**, if the request has `context_management: [{type: "compaction"}]` and the
+   rendered count crosses its `compact_threshold`: the session then runs the `Summarise`
+   action (an ordinary upstream request, executed by the adapter) and hands the result to
+   `compacted`, which seals the compaction item and rebuilds the items as
+   head + summary + recent tail. Ordinary turns never pay for this.
+3. **Fit** the window, when `upstream.context_window` is known: `truncation: "auto"` drops
+   the oldest turns that do not fit the window minus a reserve for output; otherwise a
+   request over the window is a 400 `context_length_exceeded` without an upstream call.
+
+Counts start as estimates (proxy/core/tokens.py). When the upstream has a tokenizer and a
+request depends on counts, the segments it used are handed out once as `CountTokens` jobs;
+the adapter tokenizes them in the background and calls `record_counts`, so later turns see
+exact numbers. Nothing here does I/O; the manager is process-wide and holds no
+per-connection state.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lru import LRU
+
+from proxy.core import wire
+from proxy.core.compaction import (
+    Compacted,
+    ItemFacts,
+    compaction_of,
+    facts_of,
+    last_safe_cut,
+    new_input_start,
+    open_item,
+    pinned_head,
+    plan_split,
+    seal,
+    summary_message,
+    summary_request,
+    summary_text,
+    transcript,
+)
+from proxy.core.conversation import CachedResponse, Segment
+from proxy.core.errors import ClientError, UpstreamError, invalid, wrong_type
+from proxy.core.managed_stream import usage_of
+from proxy.core.request import CreateRequest, upstream_body
+from proxy.core.sealing import Sealer
+from proxy.core.tokens import TokenEstimator
+
+MIN_COMPACT_THRESHOLD = 1000  # PROTOCOL 7
+TRUNCATION_MODES = ("auto", "disabled")
+_SUMMARY_PROMPT_TOKENS = 300  # the summarising request's own instructions, roughly
+
+
+@dataclass(frozen=True, slots=True)
+class ContextSettings:
+    context_window: int = 0  # tokens; 0 = unknown (no truncation, no overflow check)
+    output_reserve: int = 1024  # kept free for output when max_output_tokens is unset
+    bytes_per_token: float = 4.0
+    keep_recent_fraction: float = 0.25  # of the threshold, kept verbatim after compaction
+    summary_max_output_tokens: int = 2048
+    expansion_cache_entries: int = 4096
+    tokenize: bool = False  # the upstream has a tokenizer: hand out CountTokens jobs
+
+
+# ---------------------------------------------------------------- actions and results
+
+
+@dataclass(eq=False)
+class TokenCounts:
+    """The rendered items of one segment (or of one request's input) and their counts."""
+
+    items: tuple[bytes, ...]
+    counts: list[int]
+    restart: int  # index where the latest compaction's expansion begins, -1 if none
+    exact: bool = False
+    queued: bool = False
+    _facts: list[ItemFacts] | None = None
+
+    def facts(self) -> list[ItemFacts]:
+        if self._facts is None:
+            self._facts = [facts_of(i) for i in self.items]
+        return self._facts
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TokenJob:
+    """Items whose exact counts the adapter should ask the upstream's tokenizer for."""
+
+    target: TokenCounts
+    items: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CountTokens:
+    """Action: tokenize these items in the background, then call `record_counts`."""
+
+    jobs: tuple[TokenJob, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Summarise:
+    """Action: send this summarising request upstream and feed the outcome back
+    (`Session.summary_done` / `Session.summary_failed`). Nothing of it reaches the client."""
+
+    run_id: int
+    body: list[bytes]
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryResult:
+    outcome: str  # completed | incomplete | failed
+    output: list[Any]
+    usage: dict[str, Any] | None
+
+
+@dataclass(eq=False)
+class Prepared:
+    """The upstream input of one run, and what it still needs."""
+
+    items: list[bytes]
+    counts: list[int]
+    facts: Callable[[], list[ItemFacts]]
+    settings: dict[str, Any]  # the request's settings as sent upstream
+    new_start: int  # index of the first item of the request's new input
+    chained: bool  # a continuation (previous_response_id): all of `input` is new
+    truncation: str
+    reserve: int  # output tokens to keep free under truncation "auto"
+    settings_tokens: int  # instructions and tools
+    threshold: int | None = None
+    cut: int | None = None  # compaction planned: summarise items[head:cut]
+    head: int = 0
+    compaction: dict[str, Any] | None = None  # the compaction item, once compacted
+    summary_usage: dict[str, Any] | None = None
+    jobs: tuple[TokenJob, ...] = ()
+    dropped: int = 0  # items truncation left out
+
+    def input_tokens(self) -> int:
+        return sum(self.counts) + self.settings_tokens
+
+
+# ---------------------------------------------------------------- the manager
+
+
+class ContextManager:
+    def __init__(self, settings: ContextSettings, sealer: Sealer) -> None:
+        self.settings = settings
+        self.sealer = sealer
+        self.estimator = TokenEstimator(settings.bytes_per_token)
+        self.tokenize = settings.tokenize
+        self._segments: weakref.WeakKeyDictionary[Segment, TokenCounts] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._opened: Any = LRU(max(1, settings.expansion_cache_entries))
+
+    # ------------------------------------------------------------ validation
+
+    def validate(self, req: CreateRequest, owner: str) -> None:
+        """Checks on arrival: `context_management`, `truncation`, and that every compaction
+        item in the new input opens."""
+        self._threshold(req.settings)
+        truncation = req.settings.get("truncation")
+        if truncation is not None and truncation not in TRUNCATION_MODES:
+            raise invalid("'truncation' must be 'auto' or 'disabled'.", "truncation")
+        self._render(req.input_items, owner)
+
+    def _threshold(self, settings: dict[str, Any]) -> int | None:
+        """The compaction threshold the request asks for, or None."""
+        entries = settings.get("context_management")
+        if entries is None:
+            return None
+        threshold: int | None = None
+        enabled = False
+        for i, entry in enumerate(entries):
+            where = f"context_management[{i}]"
+            if not isinstance(entry, dict):
+                raise wrong_type(where, "an object")
+            if entry.get("type") != "compaction":
+                raise invalid(
+                    f"'{where}.type' must be 'compaction', the only context management type.",
+                    f"{where}.type",
+                )
+            value = entry.get("compact_threshold")
+            if value is not None:
+                if not isinstance(value, int) or isinstance(value, bool):
+                    raise wrong_type(f"{where}.compact_threshold", "an integer")
+                if value < MIN_COMPACT_THRESHOLD:
+                    raise invalid(
+                        f"'{where}.compact_threshold' must be at least {MIN_COMPACT_THRESHOLD}.",
+                        f"{where}.compact_threshold",
+                    )
+                threshold = value
+            enabled = True
+        if enabled and threshold is None:
+            window = self.settings.context_window
+            return window - self.settings.output_reserve if window else None
+        return threshold
+
+    # ------------------------------------------------------------ rendering
+
+    def _open(self, item: dict[str, Any], owner: str) -> Compacted:
+        key = (owner, item.get("encrypted_content"))
+        found: Compacted | None = self._opened.get(key)
+        if found is None:
+            found = open_item(self.sealer, item, owner)
+            self._opened[key] = found
+        return found
+
+    def _render(self, items: tuple[bytes, ...], owner: str) -> TokenCounts:
+        rendered: list[bytes] | None = None
+        restart = -1
+        for index, item in enumerate(items):
+            doc = compaction_of(item)
+            if doc is None:
+                if rendered is not None:
+                    rendered.append(item)
+                continue
+            if rendered is None:
+                rendered = list(items[:index])
+            restart = len(rendered)
+            rendered.extend(self._open(doc, owner).expand())
+        final = tuple(rendered) if rendered is not None else items
+        return TokenCounts(final, [self.estimator.item(i) for i in final], restart)
+
+    def _segment(self, seg: Segment, owner: str) -> TokenCounts:
+        found = self._segments.get(seg)
+        if found is None:
+            found = self._segments[seg] = self._render(seg.items, owner)
+        return found
+
+    def prepare(self, parent: CachedResponse | None, req: CreateRequest, owner: str) -> Prepared:
+        """The items to send for a run, or the compaction it needs first (`cut` set).
+        Raises ClientError for items that do not open and requests that cannot fit."""
+        segments = parent.segments if parent is not None else ()
+        chained = bool(segments)  # a continuation: all of `input` is new
+        parts = [self._segment(seg, owner) for seg in segments]
+        parts.append(self._render(req.input_items, owner))
+        first = 0
+        for k in range(len(parts) - 1, -1, -1):
+            if parts[k].restart >= 0:
+                first = k
+                break
+        used = parts[first:]
+        offset = max(used[0].restart, 0)
+        items: list[bytes] = list(used[0].items[offset:])
+        counts: list[int] = used[0].counts[offset:]
+        for part in used[1:]:
+            items.extend(part.items)
+            counts.extend(part.counts)
+        last = used[-1]
+        input_start = len(items) - len(last.items) + (offset if len(used) == 1 else 0)
+
+        def facts() -> list[ItemFacts]:
+            out = used[0].facts()[offset:]
+            for part in used[1:]:
+                out.extend(part.facts())
+            return out
+
+        settings = req.settings
+        threshold = self._threshold(settings)
+        if "context_management" in settings:
+            settings = {k: v for k, v in settings.items() if k != "context_management"}
+        max_out = settings.get("max_output_tokens")
+        reserve = max_out if isinstance(max_out, int) and max_out > 0 else 0
+        prep = Prepared(
+            items=items,
+            counts=counts,
+            facts=_once(facts),
+            settings=settings,
+            new_start=input_start,
+            chained=chained,
+            truncation=str(settings.get("truncation") or "disabled"),
+            reserve=reserve or self.settings.output_reserve,
+            settings_tokens=0,
+            threshold=threshold,
+        )
+        counted = threshold is not None or self.settings.context_window > 0
+        if not counted:
+            return prep
+        prep.settings_tokens = self._settings_tokens(settings)
+        if self.tokenize:
+            prep.jobs = self._jobs(used[:-1])
+        if threshold is not None and prep.input_tokens() > threshold:
+            all_facts = prep.facts()
+            prep.new_start = new_input_start(all_facts, input_start, chained)
+            prep.head = pinned_head(all_facts, prep.new_start)
+            keep = int(threshold * self.settings.keep_recent_fraction)
+            lo, hi = prep.head + 1, prep.new_start
+            cut = plan_split(all_facts, counts, lo, hi, keep)
+            if cut is None:
+                cut = last_safe_cut(all_facts, lo, hi)
+            if cut is not None:
+                prep.cut = cut
+                return prep
+        return self._fit(prep)
+
+    def _settings_tokens(self, settings: dict[str, Any]) -> int:
+        n = 0
+        for key in ("instructions", "tools"):
+            if settings.get(key):
+                n += self.estimator.of_bytes(len(wire.dumps(settings[key])))
+        return n
+
+    def _jobs(self, parts: Sequence[TokenCounts]) -> tuple[TokenJob, ...]:
+        jobs: list[TokenJob] = []
+        for part in parts:
+            if not part.exact and not part.queued:
+                part.queued = True
+                jobs.append(TokenJob(part, part.items))
+        return tuple(jobs)
+
+    def record_counts(self, target: TokenCounts, counts: Sequence[int]) -> None:
+        """Exact counts for a job's items, in order, from the upstream's tokenizer."""
+        if len(counts) == len(target.items):
+            target.counts[:] = counts
+            target.exact = True
+
+    # ------------------------------------------------------------ fitting the window
+
+    def _fit(self, prep: Prepared) -> Prepared:
+        window = self.settings.context_window
+        if not window:
+            return prep
+        tokens = prep.input_tokens()
+        if prep.truncation != "auto":
+            if tokens > window:
+                raise context_length_exceeded(tokens, window)
+            return prep
+        budget = window - prep.reserve - prep.settings_tokens
+        if sum(prep.counts) <= budget:
+            return prep
+        facts = prep.facts()
+        new_start = new_input_start(facts, prep.new_start, prep.chained)
+        head = pinned_head(facts, new_start)
+        cut = plan_split(facts, prep.counts, head, new_start, budget - sum(prep.counts[:head]))
+        if cut is None:
+            raise context_length_exceeded(tokens, window, truncated=True)
+        prep.dropped = cut - head
+        prep.items = prep.items[:head] + prep.items[cut:]
+        prep.counts = prep.counts[:head] + prep.counts[cut:]
+        kept = facts[:head] + facts[cut:]
+        prep.facts = lambda: kept
+        prep.new_start = new_start - prep.dropped
+        return prep
+
+    # ------------------------------------------------------------ compaction
+
+    def summary_action(self, run_id: int, prep: Prepared, model: str, path: str) -> Summarise:
+        assert prep.cut is not None
+        older = range(prep.head, prep.cut)
+        window = self.settings.context_window
+        start = prep.head
+        if window:  # the summarising request must fit the window too
+            budget = window - self.settings.summary_max_output_tokens - _SUMMARY_PROMPT_TOKENS
+            total = sum(prep.counts[i] for i in older)
+            while start < prep.cut - 1 and total > budget:
+                total -= prep.counts[start]
+                start += 1
+        text = transcript(prep.items[start : prep.cut])
+        if start > prep.head:
+            text = f"[... {start - prep.head} earlier items omitted ...]\n\n" + text
+        settings, items = summary_request(model, text, self.settings.summary_max_output_tokens)
+        return Summarise(
+            run_id, upstream_body(settings, {"stream": True, "store": False}, items), path
+        )
+
+    def compacted(
+        self, prep: Prepared, result: SummaryResult, owner: str, item_id: str
+    ) -> Prepared:
+        """The run's items once the summary arrived: head + summary + recent tail, and the
+        sealed compaction item that stands for them."""
+        assert prep.cut is not None
+        summary = summary_text(result.output)
+        if result.outcome == "failed" or not summary:
+            raise UpstreamError(
+                "Compaction failed: the upstream model returned no summary.",
+                code="compaction_failed",
+                status=502,
+            )
+        head, tail = prep.items[: prep.head], prep.items[prep.cut :]
+        item = seal(self.sealer, Compacted(tuple(head), summary, tuple(tail)), owner, item_id)
+        message = summary_message(summary)
+        facts = prep.facts()
+        kept = [*facts[: prep.head], ItemFacts("message", "user", None), *facts[prep.cut :]]
+        done = Prepared(
+            items=[*head, message, *tail],
+            counts=[
+                *prep.counts[: prep.head],
+                self.estimator.item(message),
+                *prep.counts[prep.cut :],
+            ],
+            facts=lambda: kept,
+            settings=prep.settings,
+            new_start=prep.new_start - (prep.cut - prep.head) + 1,
+            chained=prep.chained,
+            truncation=prep.truncation,
+            reserve=prep.reserve,
+            settings_tokens=prep.settings_tokens,
+            threshold=prep.threshold,
+            compaction=item,
+            summary_usage=result.usage,
+        )
+        return self._fit(done)
+
+    def usage(self, prep: Prepared, output: Sequence[Any]) -> dict[str, Any]:
+        """Usage from the proxy's counts, for an upstream that reports none."""
+        settings_tokens = prep.settings_tokens or self._settings_tokens(prep.settings)
+        input_tokens = sum(prep.counts) + settings_tokens
+        out = sum(self.estimator.of_bytes(len(wire.dumps(item))) for item in output)
+        return usage_of(input_tokens, out)
+
+
+def _once(fn: Callable[[], list[ItemFacts]]) -> Callable[[], list[ItemFacts]]:
+    memo: list[list[ItemFacts]] = []
+
+    def call() -> list[ItemFacts]:
+        if not memo:
+            memo.append(fn())
+        return memo[0]
+
+    return call
+
+
+def context_length_exceeded(tokens: int, window: int, truncated: bool = False) -> ClientError:
+    if truncated:
+        message = (
+            f"The request does not fit the model's context window of {window} tokens even "
+            "after truncation: its new input, with the system messages and the room kept "
+            "for output, is too long."
+        )
+    else:
+        message = (
+            f"The request needs about {tokens} tokens, more than the model's context window "
+            f'of {window} tokens. Use truncation: "auto" or context_management compaction, '
+            "or shorten the input."
+        )
+    return ClientError(message, code="context_length_exceeded", param="input")
+
+
+__all__ = [
+    "ContextManager",
+    "ContextSettings",
+    "CountTokens",
+    "Prepared",
+    "Summarise",
+    "SummaryResult",
+    "TokenCounts",
+    "TokenJob",
+]
