@@ -16,9 +16,15 @@ refers to is pinned in the cache until the run starts (4.4).
 Run states (transitions only in `_start`, `_on_started`, `_finish`):
 
     QUEUED --start--> UPSTREAM --first event--> STREAMING --terminal--> DONE
-       |                 |  (native fallback:                 |
-       |                 |   back to UPSTREAM once)           |
+       |    |            |  (native fallback:                 |
+       |    |            |   back to UPSTREAM once)           |
+       |    +--> COMPACTING --summary_done--> UPSTREAM        |
        +--warmup / not found / cancelled -------------------------------> DONE
+
+With a `ContextManager` (proxy/core/context.py) a run's upstream input is prepared at start:
+compaction items expanded, the window fitted, and, when `context_management` asks for it,
+the conversation compacted first: the run waits in COMPACTING while the adapter runs the
+`Summarise` action, and its stream then begins with the compaction item.
 
 On a terminal `completed` or `incomplete` the run's whole item list (parent items, new input,
 output) is cached under the response id. On any failure of a continuation the parent is
@@ -33,9 +39,17 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from proxy.core import wire
+from proxy.core.context import (
+    ContextManager,
+    CountTokens,
+    Prepared,
+    Summarise,
+    SummaryResult,
+)
 from proxy.core.conversation import EMPTY, CachedResponse, ResponseCache, Segment
 from proxy.core.dialects import Dialect, StreamTranslator
 from proxy.core.errors import (
@@ -46,6 +60,7 @@ from proxy.core.errors import (
     previous_response_not_found,
 )
 from proxy.core.events import lifecycle_event, response_object, zero_usage
+from proxy.core.managed_stream import ManagedStream
 from proxy.core.request import CreateRequest, check_stream_id, parse_create
 from proxy.core.sse import SSEEvent
 from proxy.core.store import ResponseStore, StoredResponse
@@ -90,7 +105,7 @@ class Finished:
     usage: dict[str, Any] | None = None
 
 
-Action = Send | StartUpstream | CancelUpstream | Close | Finished
+Action = Send | StartUpstream | CancelUpstream | Close | Finished | Summarise | CountTokens
 
 
 # ---------------------------------------------------------------- state
@@ -98,6 +113,7 @@ Action = Send | StartUpstream | CancelUpstream | Close | Finished
 
 class RunState(enum.Enum):
     QUEUED = "queued"
+    COMPACTING = "compacting"  # the summarising request of a compaction is running
     UPSTREAM = "upstream"  # request sent, no event yet
     STREAMING = "streaming"
     DONE = "done"
@@ -112,6 +128,7 @@ class Run:
     parent: CachedResponse | None = None
     native: bool = False  # sent with the upstream's own previous_response_id
     stream: StreamTranslator | None = None
+    context: Prepared | None = None  # the prepared upstream input (ContextManager)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +153,8 @@ class Session:
     clock: Callable[[], float] = lambda: 0.0
     new_id: Callable[[str], str] = lambda prefix: prefix
     store: ResponseStore | None = None  # responses that outlive the socket (store != false)
-    owner: str = "anonymous"  # the credential scope for `store`
+    owner: str = "anonymous"  # the credential scope for `store` and compaction items
+    context: ContextManager | None = None  # compaction, truncation, token counts
 
     def __post_init__(self) -> None:
         self._ids = itertools.count(1)
@@ -224,7 +242,7 @@ class Session:
         out: list[Action] = [
             CancelUpstream(r.id)
             for r in self._runs.values()
-            if r.state in (RunState.UPSTREAM, RunState.STREAMING)
+            if r.state in (RunState.COMPACTING, RunState.UPSTREAM, RunState.STREAMING)
         ]
         self._runs.clear()
         self._queue.clear()
@@ -258,6 +276,8 @@ class Session:
                     param="stream_id",
                 )
             req = parse_create(msg)
+            if self.context is not None:
+                self.context.validate(req, self.owner)
             if len(self._queue) >= self.limits.max_queued:
                 raise ClientError(
                     f"Too many queued requests on this connection (limit "
@@ -323,13 +343,62 @@ class Session:
                 ]
         if not req.generate:
             return self._warmup(run)
-        self._busy_lanes.add(req.lane)
         run.native = (
             self.policy.native_previous_response_id
             and run.parent is not None
             and run.parent.settings.get("store") is not False
         )
+        out: list[Action] = []
+        if self.context is not None and not run.native:
+            try:
+                run.context = self.context.prepare(run.parent, req, self.owner)
+            except ClientError as err:
+                del self._runs[run.id]
+                return [Send(self._error_frame(err, req.lane)), Finished(run.id, None, "rejected")]
+            if run.context.jobs:
+                out.append(CountTokens(run.context.jobs))
+        self._busy_lanes.add(req.lane)
+        if run.context is not None and run.context.cut is not None:
+            assert self.context is not None
+            run.state = RunState.COMPACTING
+            path = self.policy.dialect.path
+            return [*out, self.context.summary_action(run.id, run.context, req.model, path)]
+        return [*out, self._start_upstream(run)]
+
+    def summary_done(self, run_id: int, result: SummaryResult) -> list[Action]:
+        """The summarising request of a compaction finished: generate from the compacted
+        context, the stream starting with the compaction item."""
+        run = self._runs.get(run_id)
+        if run is None or run.state is not RunState.COMPACTING:
+            return []
+        assert self.context is not None and run.context is not None
+        try:
+            run.context = self.context.compacted(
+                run.context, result, self.owner, self.new_id("cmp")
+            )
+        except UpstreamError as err:
+            return self._fail(run, err)
+        except ClientError as err:  # the compacted context still does not fit the window
+            return [
+                Send(self._error_frame(err, run.req.lane)),
+                Finished(run.id, None, "rejected"),
+                *self._end(run),
+            ]
         return [self._start_upstream(run)]
+
+    def summary_failed(self, run_id: int, err: UpstreamError) -> list[Action]:
+        run = self._runs.get(run_id)
+        if run is None or run.state is not RunState.COMPACTING:
+            return []
+        wrapped = UpstreamError(
+            f"Compaction failed: {err.message}",
+            status=err.status,
+            code=err.code,
+            param=err.param,
+            type=err.type,
+            headers=err.headers,
+        )
+        return self._fail(run, wrapped)
 
     def _lookup(self, rid: str) -> CachedResponse | None:
         """PROTOCOL 4.2: the connection cache first, then the store (stored responses only)."""
@@ -352,6 +421,19 @@ class Session:
                 "previous_response_id": run.parent.id,
             }
             items = list(req.input_items)
+        elif run.context is not None:  # prepared by the ContextManager
+            assert self.context is not None
+            extra = {"stream": True, "store": self.policy.store}
+            prep = run.context
+            run.stream = ManagedStream(
+                run.stream,
+                estimate_usage=partial(self.context.usage, prep),
+                first_item=prep.compaction,
+                extra_usage=prep.summary_usage,
+            )
+            return StartUpstream(
+                run.id, dialect.body(prep.settings, extra, prep.items), dialect.path
+            )
         else:
             extra = {"stream": True, "store": self.policy.store}
             parent = run.parent or EMPTY
@@ -426,7 +508,10 @@ class Session:
         return self._schedule()
 
     def _remember(self, run: Run, rid: str, output: list[bytes], response: dict[str, Any]) -> None:
-        parent = run.parent or EMPTY
+        # after a compaction the conversation continues from the compaction item, which
+        # stands for everything before it: the parent's segments are no longer needed
+        compacted = run.context is not None and run.context.compaction is not None
+        parent = EMPTY if compacted else (run.parent or EMPTY)
         settings = {**run.req.settings, "store": run.req.store}
         added = Segment((*run.req.input_items, *output))
         entry = parent.child(rid, run.req.lane, added, settings)
