@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from proxy.core.context import CountTokens, Summarise
 from proxy.core.conversation import ResponseCache
 from proxy.core.ids import new_id
 from proxy.core.session import (
@@ -30,6 +31,7 @@ from proxy.core.session import (
 from proxy.core.store import owner_of
 from proxy.pump import pump
 from proxy.state import AppState
+from proxy.summary import summarise
 from proxy.upstream_http import FORWARDED_HEADERS
 
 log = logging.getLogger("wsmode.ws")
@@ -57,6 +59,7 @@ class ClientConnection:
             new_id=new_id,
             store=state.store,
             owner=owner_of(request.headers.get("Authorization")),
+            context=state.context,
         )
         self.upstream_headers = {
             k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS
@@ -123,6 +126,11 @@ class ClientConnection:
                 await self.ws.close(code=action.code, message=action.reason.encode())
             elif isinstance(action, Finished):
                 self.responses += 1
+            elif isinstance(action, Summarise):
+                assert self.tg is not None
+                self.pumps[action.run_id] = self.tg.create_task(self._summarise(action))
+            elif isinstance(action, CountTokens) and self.state.tokenizer is not None:
+                self.state.tokenizer.submit(action.jobs, self.upstream_headers)
 
     async def _pump(self, start: StartUpstream) -> None:
         try:
@@ -138,3 +146,18 @@ class ClientConnection:
         finally:
             if self.pumps.get(start.run_id) is asyncio.current_task():
                 del self.pumps[start.run_id]
+
+    async def _summarise(self, action: Summarise) -> None:
+        try:
+            await summarise(
+                self.state.upstream,
+                self.session,
+                action,
+                self.upstream_headers,
+                self.state.settings.upstream.max_event_bytes,
+                self._execute,
+                f"connection {self.id}",
+            )
+        finally:
+            if self.pumps.get(action.run_id) is asyncio.current_task():
+                del self.pumps[action.run_id]

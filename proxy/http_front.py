@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.core import wire
+from proxy.core.context import CountTokens, Summarise
 from proxy.core.conversation import ResponseCache
 from proxy.core.errors import ClientError, ProxyError
 from proxy.core.events import TERMINAL_TYPES
@@ -29,6 +30,7 @@ from proxy.core.store import StoredResponse, owner_of
 from proxy.passthrough import passthrough
 from proxy.pump import pump
 from proxy.state import APP_STATE, AppState
+from proxy.summary import summarise
 from proxy.upstream_http import FORWARDED_HEADERS
 
 log = logging.getLogger("wsmode.http")
@@ -83,10 +85,11 @@ class HttpExchange:
             new_id=new_id,
             store=state.store,
             owner=_owner(request),
+            context=state.context,
         )
         self.headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
         self.sse: web.StreamResponse | None = None
-        self.pending: list[StartUpstream] = []
+        self.pending: list[StartUpstream | Summarise] = []
         self.error: dict[str, Any] | None = None  # the first WS error envelope, if any
         self.terminal: dict[str, Any] | None = None
 
@@ -95,6 +98,17 @@ class HttpExchange:
             await self.execute(self.session.create(body))
             while self.pending:  # one upstream request; twice on a native fallback
                 start = self.pending.pop(0)
+                if isinstance(start, Summarise):  # a compaction's summary, then the response
+                    await summarise(
+                        self.state.upstream,
+                        self.session,
+                        start,
+                        self.headers,
+                        self.state.settings.upstream.max_event_bytes,
+                        self.execute,
+                        f"http {self.request.remote}",
+                    )
+                    continue
                 await pump(
                     self.state.upstream,
                     self.session,
@@ -130,8 +144,10 @@ class HttpExchange:
         for action in actions:
             if isinstance(action, Send):
                 await self._frame(action.frame)
-            elif isinstance(action, StartUpstream):
+            elif isinstance(action, StartUpstream | Summarise):
                 self.pending.append(action)
+            elif isinstance(action, CountTokens) and self.state.tokenizer is not None:
+                self.state.tokenizer.submit(action.jobs, self.headers)
 
     async def _frame(self, frame: bytes) -> None:
         kind = event_type(frame)

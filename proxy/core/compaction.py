@@ -73,6 +73,14 @@ def summary_message(summary: str) -> bytes:
     )
 
 
+_SUMMARY_HEAD = summary_message("")[: -len(b'"}]}')]
+
+
+def is_summary(item: bytes) -> bool:
+    """Whether an item is the expansion of a compaction's summary."""
+    return item.startswith(_SUMMARY_HEAD)
+
+
 def seal(sealer: Sealer, compacted: Compacted, owner: str, item_id: str) -> dict[str, Any]:
     """The `compaction` item for `compacted`, readable only by this proxy and `owner`."""
     payload = b"".join(

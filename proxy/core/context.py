@@ -40,9 +40,11 @@ from lru import LRU
 from proxy.core import wire
 from proxy.core.compaction import (
     Compacted,
+    CompactRequest,
     ItemFacts,
     compaction_of,
     facts_of,
+    is_summary,
     last_safe_cut,
     new_input_start,
     open_item,
@@ -243,13 +245,17 @@ class ContextManager:
             found = self._segments[seg] = self._render(seg.items, owner)
         return found
 
-    def prepare(self, parent: CachedResponse | None, req: CreateRequest, owner: str) -> Prepared:
-        """The items to send for a run, or the compaction it needs first (`cut` set).
-        Raises ClientError for items that do not open and requests that cannot fit."""
+    def _assemble(
+        self,
+        parent: CachedResponse | None,
+        input_items: tuple[bytes, ...],
+        settings: dict[str, Any],
+        owner: str,
+    ) -> tuple[Prepared, list[TokenCounts]]:
+        """The rendered conversation (step 1) and the cached segments it used."""
         segments = parent.segments if parent is not None else ()
-        chained = bool(segments)  # a continuation: all of `input` is new
         parts = [self._segment(seg, owner) for seg in segments]
-        parts.append(self._render(req.input_items, owner))
+        parts.append(self._render(input_items, owner))
         first = 0
         for k in range(len(parts) - 1, -1, -1):
             if parts[k].restart >= 0:
@@ -271,10 +277,6 @@ class ContextManager:
                 out.extend(part.facts())
             return out
 
-        settings = req.settings
-        threshold = self._threshold(settings)
-        if "context_management" in settings:
-            settings = {k: v for k, v in settings.items() if k != "context_management"}
         max_out = settings.get("max_output_tokens")
         reserve = max_out if isinstance(max_out, int) and max_out > 0 else 0
         prep = Prepared(
@@ -283,25 +285,35 @@ class ContextManager:
             facts=_once(facts),
             settings=settings,
             new_start=input_start,
-            chained=chained,
+            chained=bool(segments),  # a continuation: all of `input` is new
             truncation=str(settings.get("truncation") or "disabled"),
             reserve=reserve or self.settings.output_reserve,
             settings_tokens=0,
-            threshold=threshold,
         )
+        return prep, used[:-1]
+
+    def prepare(self, parent: CachedResponse | None, req: CreateRequest, owner: str) -> Prepared:
+        """The items to send for a run, or the compaction it needs first (`cut` set).
+        Raises ClientError for items that do not open and requests that cannot fit."""
+        settings = req.settings
+        threshold = self._threshold(settings)
+        if "context_management" in settings:
+            settings = {k: v for k, v in settings.items() if k != "context_management"}
+        prep, cached = self._assemble(parent, req.input_items, settings, owner)
+        prep.threshold = threshold
         counted = threshold is not None or self.settings.context_window > 0
         if not counted:
             return prep
         prep.settings_tokens = self._settings_tokens(settings)
         if self.tokenize:
-            prep.jobs = self._jobs(used[:-1])
+            prep.jobs = self._jobs(cached)
         if threshold is not None and prep.input_tokens() > threshold:
             all_facts = prep.facts()
-            prep.new_start = new_input_start(all_facts, input_start, chained)
+            prep.new_start = new_input_start(all_facts, prep.new_start, prep.chained)
             prep.head = pinned_head(all_facts, prep.new_start)
             keep = int(threshold * self.settings.keep_recent_fraction)
             lo, hi = prep.head + 1, prep.new_start
-            cut = plan_split(all_facts, counts, lo, hi, keep)
+            cut = plan_split(all_facts, prep.counts, lo, hi, keep)
             if cut is None:
                 cut = last_safe_cut(all_facts, lo, hi)
             if cut is not None:
@@ -360,21 +372,30 @@ class ContextManager:
 
     # ------------------------------------------------------------ compaction
 
-    def summary_action(self, run_id: int, prep: Prepared, model: str, path: str) -> Summarise:
+    def summary_action(
+        self, run_id: int, prep: Prepared, model: str, path: str, instructions: str | None = None
+    ) -> Summarise:
+        """The summarising request for a planned compaction (`prep.cut` set)."""
         assert prep.cut is not None
-        older = range(prep.head, prep.cut)
         window = self.settings.context_window
-        start = prep.head
+        max_out = self.settings.summary_max_output_tokens
+        head, cut = prep.head, prep.cut
+        # an earlier compaction's summary stands for everything before it: always kept
+        first = 1 if is_summary(prep.items[head]) else 0
+        start = head + first
         if window:  # the summarising request must fit the window too
-            budget = window - self.settings.summary_max_output_tokens - _SUMMARY_PROMPT_TOKENS
-            total = sum(prep.counts[i] for i in older)
-            while start < prep.cut - 1 and total > budget:
+            max_out = max(1, min(max_out, window // 4))
+            budget = window - max_out - _SUMMARY_PROMPT_TOKENS
+            total = sum(prep.counts[head:cut])
+            while cut - start > 1 and total > budget:  # leave out the oldest
                 total -= prep.counts[start]
                 start += 1
-        text = transcript(prep.items[start : prep.cut])
-        if start > prep.head:
-            text = f"[... {start - prep.head} earlier items omitted ...]\n\n" + text
-        settings, items = summary_request(model, text, self.settings.summary_max_output_tokens)
+        omitted = start - head - first
+        text = transcript(prep.items[head : head + first], instructions)
+        if omitted:
+            text = "\n\n".join(t for t in (text, f"[... {omitted} earlier items omitted ...]") if t)
+        text = "\n\n".join(t for t in (text, transcript(prep.items[start:cut])) if t)
+        settings, items = summary_request(model, text, max_out)
         return Summarise(
             run_id, upstream_body(settings, {"stream": True, "store": False}, items), path
         )
@@ -387,11 +408,7 @@ class ContextManager:
         assert prep.cut is not None
         summary = summary_text(result.output)
         if result.outcome == "failed" or not summary:
-            raise UpstreamError(
-                "Compaction failed: the upstream model returned no summary.",
-                code="compaction_failed",
-                status=502,
-            )
+            raise _no_summary()
         head, tail = prep.items[: prep.head], prep.items[prep.cut :]
         item = seal(self.sealer, Compacted(tuple(head), summary, tuple(tail)), owner, item_id)
         message = summary_message(summary)
@@ -417,6 +434,45 @@ class ContextManager:
         )
         return self._fit(done)
 
+    # ------------------------------------------------------------ POST /v1/responses/compact
+
+    def plan_compact(
+        self, parent: CachedResponse | None, req: CompactRequest, owner: str
+    ) -> Prepared:
+        """The split for an explicit compaction: system/developer head kept, then the
+        older part to summarise, then a recent tail of at most `keep_recent_fraction` of
+        the conversation's tokens, returned in the clear. `cut` is None when there is
+        nothing to summarise."""
+        prep, _ = self._assemble(parent, req.input_items, {}, owner)
+        if not prep.items:
+            raise invalid("There is nothing to compact: the input is empty.", "input")
+        facts = prep.facts()
+        prep.head = pinned_head(facts, len(facts))
+        keep = int(sum(prep.counts) * self.settings.keep_recent_fraction)
+        lo, hi = prep.head + 1, len(facts)
+        cut = plan_split(facts, prep.counts, lo, hi, keep)
+        prep.cut = cut if cut is not None else last_safe_cut(facts, lo, hi)
+        return prep
+
+    def compact_output(
+        self, prep: Prepared, result: SummaryResult | None, owner: str, item_id: str
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """The compacted window (the compaction item, then the recent tail as it was
+        given) and the usage of the compaction pass."""
+        head = tuple(prep.items[: prep.head])
+        if prep.cut is None or result is None:  # only system/developer messages
+            item = seal(self.sealer, Compacted(head, "", ()), owner, item_id)
+            return [item, *(wire.loads(i) for i in prep.items[prep.head :])], usage_of(0, 0)
+        summary = summary_text(result.output)
+        if result.outcome == "failed" or not summary:
+            raise _no_summary()
+        item = seal(self.sealer, Compacted(head, summary, ()), owner, item_id)
+        usage = result.usage
+        if not isinstance(usage, dict):
+            older = sum(prep.counts[prep.head : prep.cut])
+            usage = usage_of(older, self.estimator.of_text(summary))
+        return [item, *(wire.loads(i) for i in prep.items[prep.cut :])], usage
+
     def usage(self, prep: Prepared, output: Sequence[Any]) -> dict[str, Any]:
         """Usage from the proxy's counts, for an upstream that reports none."""
         settings_tokens = prep.settings_tokens or self._settings_tokens(prep.settings)
@@ -434,6 +490,28 @@ def _once(fn: Callable[[], list[ItemFacts]]) -> Callable[[], list[ItemFacts]]:
         return memo[0]
 
     return call
+
+
+def compaction_failed(err: UpstreamError) -> UpstreamError:
+    """An upstream failure of the summarising request, said as such."""
+    if err.message.startswith("Compaction failed"):
+        return err
+    return UpstreamError(
+        f"Compaction failed: {err.message}",
+        status=err.status,
+        code=err.code,
+        param=err.param,
+        type=err.type,
+        headers=err.headers,
+    )
+
+
+def _no_summary() -> UpstreamError:
+    return UpstreamError(
+        "Compaction failed: the upstream model returned no summary.",
+        code="compaction_failed",
+        status=502,
+    )
 
 
 def context_length_exceeded(tokens: int, window: int, truncated: bool = False) -> ClientError:
@@ -461,4 +539,5 @@ __all__ = [
     "SummaryResult",
     "TokenCounts",
     "TokenJob",
+    "compaction_failed",
 ]

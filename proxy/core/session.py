@@ -49,6 +49,7 @@ from proxy.core.context import (
     Prepared,
     Summarise,
     SummaryResult,
+    compaction_failed,
 )
 from proxy.core.conversation import EMPTY, CachedResponse, ResponseCache, Segment
 from proxy.core.dialects import Dialect, StreamTranslator
@@ -390,15 +391,7 @@ class Session:
         run = self._runs.get(run_id)
         if run is None or run.state is not RunState.COMPACTING:
             return []
-        wrapped = UpstreamError(
-            f"Compaction failed: {err.message}",
-            status=err.status,
-            code=err.code,
-            param=err.param,
-            type=err.type,
-            headers=err.headers,
-        )
-        return self._fail(run, wrapped)
+        return self._fail(run, compaction_failed(err))
 
     def _lookup(self, rid: str) -> CachedResponse | None:
         """PROTOCOL 4.2: the connection cache first, then the store (stored responses only)."""
