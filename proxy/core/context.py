@@ -7,9 +7,9 @@ Before a run goes upstream the session asks `ContextManager.prepare` for the ite
 
 1. **Render** the conversation: the parent's cached segments, then the new input, with every
    compaction item expanded (proxy/core/compaction.py) and everything before the latest one
-   dropped. Each cached segment is rendered once and the result memoised beside it (a weak
-   map keyed by the segment), with one token count per rendered item: an ordinary turn costs
-   one lookup per segment, and a compaction item in the history is decrypted once, not
+   dropped. Each cached segment is rendered once and the result memoised on it
+   (`Segment.rendering`), with one token count per rendered item: an ordinary turn costs one
+   attribute read per segment, and a compaction item in the history is decrypted once, not
    every turn. Opened compaction items are also memoised by content (bounded), for clients
    that resend the whole history each turn.
 2. **Compact**, if the request has `context_management: [{type: "compaction"}]` and the
@@ -30,7 +30,6 @@ per-connection state.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -165,9 +164,6 @@ class ContextManager:
         self.sealer = sealer
         self.estimator = TokenEstimator(settings.bytes_per_token)
         self.tokenize = settings.tokenize
-        self._segments: weakref.WeakKeyDictionary[Segment, TokenCounts] = (
-            weakref.WeakKeyDictionary()
-        )
         self._opened: Any = LRU(max(1, settings.expansion_cache_entries))
 
     # ------------------------------------------------------------ validation
@@ -240,9 +236,12 @@ class ContextManager:
         return TokenCounts(final, [self.estimator.item(i) for i in final], restart)
 
     def _segment(self, seg: Segment, owner: str) -> TokenCounts:
-        found = self._segments.get(seg)
-        if found is None:
-            found = self._segments[seg] = self._render(seg.items, owner)
+        memo = seg.rendering
+        if memo is not None and memo[0] is self:
+            found: TokenCounts = memo[1]
+            return found
+        found = self._render(seg.items, owner)
+        object.__setattr__(seg, "rendering", (self, found))  # a memo on a frozen segment
         return found
 
     def _assemble(
@@ -251,8 +250,10 @@ class ContextManager:
         input_items: tuple[bytes, ...],
         settings: dict[str, Any],
         owner: str,
+        counted: bool,
     ) -> tuple[Prepared, list[TokenCounts]]:
-        """The rendered conversation (step 1) and the cached segments it used."""
+        """The rendered conversation (step 1) and the cached segments it used; the counts
+        only if `counted` (an ordinary turn needs none)."""
         segments = parent.segments if parent is not None else ()
         parts = [self._segment(seg, owner) for seg in segments]
         parts.append(self._render(input_items, owner))
@@ -264,10 +265,13 @@ class ContextManager:
         used = parts[first:]
         offset = max(used[0].restart, 0)
         items: list[bytes] = list(used[0].items[offset:])
-        counts: list[int] = used[0].counts[offset:]
         for part in used[1:]:
             items.extend(part.items)
-            counts.extend(part.counts)
+        counts: list[int] = []
+        if counted:
+            counts = used[0].counts[offset:]
+            for part in used[1:]:
+                counts.extend(part.counts)
         last = used[-1]
         input_start = len(items) - len(last.items) + (offset if len(used) == 1 else 0)
 
@@ -299,9 +303,9 @@ class ContextManager:
         threshold = self._threshold(settings)
         if "context_management" in settings:
             settings = {k: v for k, v in settings.items() if k != "context_management"}
-        prep, cached = self._assemble(parent, req.input_items, settings, owner)
-        prep.threshold = threshold
         counted = threshold is not None or self.settings.context_window > 0
+        prep, cached = self._assemble(parent, req.input_items, settings, owner, counted)
+        prep.threshold = threshold
         if not counted:
             return prep
         prep.settings_tokens = self._settings_tokens(settings)
@@ -443,7 +447,7 @@ class ContextManager:
         older part to summarise, then a recent tail of at most `keep_recent_fraction` of
         the conversation's tokens, returned in the clear. `cut` is None when there is
         nothing to summarise."""
-        prep, _ = self._assemble(parent, req.input_items, {}, owner)
+        prep, _ = self._assemble(parent, req.input_items, {}, owner, counted=True)
         if not prep.items:
             raise invalid("There is nothing to compact: the input is empty.", "input")
         facts = prep.facts()
@@ -476,7 +480,8 @@ class ContextManager:
     def usage(self, prep: Prepared, output: Sequence[Any]) -> dict[str, Any]:
         """Usage from the proxy's counts, for an upstream that reports none."""
         settings_tokens = prep.settings_tokens or self._settings_tokens(prep.settings)
-        input_tokens = sum(prep.counts) + settings_tokens
+        counts = prep.counts or [self.estimator.item(i) for i in prep.items]
+        input_tokens = sum(counts) + settings_tokens
         out = sum(self.estimator.of_bytes(len(wire.dumps(item))) for item in output)
         return usage_of(input_tokens, out)
 

@@ -27,15 +27,15 @@ from lru import LRU
 _UNBOUNDED = 2**31 - 1  # lru-dict needs a size; we evict by our own budgets, never by this
 
 
-@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Segment:
-    """The items one response added to its conversation: its new input, then its output.
-
-    Weakly referenceable, so proxy/core/context.py can keep each segment's rendering and
-    token counts beside it for exactly as long as the segment lives."""
+    """The items one response added to its conversation: its new input, then its output."""
 
     items: tuple[bytes, ...]
     nbytes: int = field(init=False)
+    # proxy/core/context.py's rendering of the items, with their token counts: a memo set
+    # once, the first time the segment is continued from, and gone with the segment
+    rendering: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nbytes", sum(len(i) for i in self.items))

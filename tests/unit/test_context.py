@@ -89,15 +89,15 @@ def test_segment_rendering_is_memoised_with_the_segment() -> None:
     m = manager()
     parent = chain([user("a"), assistant("b")])
     m.prepare(parent, request([user("c")]), OWNER)
-    view = m._segments[parent.segments[0]]
+    owner, view = parent.segments[0].rendering
+    assert owner is m
     m.prepare(parent, request([user("d")]), OWNER)
-    assert m._segments[parent.segments[0]] is view
+    assert parent.segments[0].rendering[1] is view
     assert view.counts == [cost(user("a")), cost(assistant("b"))]
-    del parent, view
-    import gc
-
-    gc.collect()
-    assert len(m._segments) == 0  # the memo dies with its segment
+    # another manager (other settings) renders for itself
+    other = manager(bytes_per_token=2.0)
+    other.prepare(parent, request([user("d")]), OWNER)
+    assert parent.segments[0].rendering[0] is other
 
 
 def test_compaction_item_expands_and_drops_what_came_before() -> None:
