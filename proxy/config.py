@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from proxy.core.sealing import decode_key
 from proxy.sim.app import SimSettings
 
 MiB = 1024 * 1024
@@ -89,7 +90,7 @@ class CompactionSettings:
     key: str = ""  # base64, 32-64 bytes; empty: generated at start-up (not kept)
     keep_recent_fraction: float = 0.25  # of the threshold, kept verbatim after compacting
     summary_max_output_tokens: int = 2048
-    expansion_cache_entries: int = 4096  # opened compaction items kept in memory
+    expansion_cache_bytes: int = 64 * MiB  # opened compaction items kept in memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,12 +216,8 @@ def _validate(s: Settings) -> None:
 
 
 def _validate_context(s: Settings) -> None:
-    """[tokens], [compaction] and upstream.context_window (PROTOCOL 7)."""
-    from proxy.core.sealing import decode_key
-
+    """[tokens] and [compaction] (PROTOCOL 7)."""
     t, c = s.tokens, s.compaction
-    if s.upstream.context_window < 0:
-        raise ConfigError("upstream.context_window must not be negative")
     url = t.tokenize_url
     if url not in ("", "auto") and not url.startswith(("http://", "https://")):
         raise ConfigError('tokens.tokenize_url must be "", "auto" or an http(s) URL')
@@ -230,10 +227,8 @@ def _validate_context(s: Settings) -> None:
         raise ConfigError("tokens.output_reserve and tokens.max_pending_jobs must not be negative")
     if not 0 <= c.keep_recent_fraction < 1:
         raise ConfigError("compaction.keep_recent_fraction must be at least 0 and below 1")
-    if c.summary_max_output_tokens < 1 or c.expansion_cache_entries < 1:
-        raise ConfigError(
-            "compaction.summary_max_output_tokens and expansion_cache_entries must be positive"
-        )
+    if c.summary_max_output_tokens < 1:
+        raise ConfigError("compaction.summary_max_output_tokens must be positive")
     if c.key:
         try:
             decode_key(c.key)

@@ -38,7 +38,7 @@ def build_context(settings: Settings) -> ContextManager | None:
             bytes_per_token=t.bytes_per_token,
             keep_recent_fraction=c.keep_recent_fraction,
             summary_max_output_tokens=c.summary_max_output_tokens,
-            expansion_cache_entries=c.expansion_cache_entries,
+            expansion_cache_bytes=c.expansion_cache_bytes,
             tokenize=bool(t.tokenize_url),
         ),
         Sealer(key),

@@ -30,11 +30,10 @@ per-connection state.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from lru import LRU
 
 from proxy.core import wire
 from proxy.core.compaction import (
@@ -74,7 +73,7 @@ class ContextSettings:
     bytes_per_token: float = 4.0
     keep_recent_fraction: float = 0.25  # of the threshold, kept verbatim after compaction
     summary_max_output_tokens: int = 2048
-    expansion_cache_entries: int = 4096
+    expansion_cache_bytes: int = 64 * 1024 * 1024  # opened compaction items remembered
     tokenize: bool = False  # the upstream has a tokenizer: hand out CountTokens jobs
 
 
@@ -135,7 +134,7 @@ class Prepared:
     """The upstream input of one run, and what it still needs."""
 
     items: list[bytes]
-    counts: list[int]
+    counts: list[int]  # per item; empty when no decision needs them (an ordinary turn)
     facts: Callable[[], list[ItemFacts]]
     settings: dict[str, Any]  # the request's settings as sent upstream
     new_start: int  # index of the first item of the request's new input
@@ -164,7 +163,7 @@ class ContextManager:
         self.sealer = sealer
         self.estimator = TokenEstimator(settings.bytes_per_token)
         self.tokenize = settings.tokenize
-        self._opened: Any = LRU(max(1, settings.expansion_cache_entries))
+        self._opened = _OpenedItems(settings.expansion_cache_bytes)
 
     # ------------------------------------------------------------ validation
 
@@ -212,11 +211,11 @@ class ContextManager:
     # ------------------------------------------------------------ rendering
 
     def _open(self, item: dict[str, Any], owner: str) -> Compacted:
-        key = (owner, item.get("encrypted_content"))
-        found: Compacted | None = self._opened.get(key)
+        key = (owner, str(item.get("encrypted_content")))
+        found = self._opened.get(key)
         if found is None:
             found = open_item(self.sealer, item, owner)
-            self._opened[key] = found
+            self._opened.put(key, found)
         return found
 
     def _render(self, items: tuple[bytes, ...], owner: str) -> TokenCounts:
@@ -484,6 +483,37 @@ class ContextManager:
         input_tokens = sum(counts) + settings_tokens
         out = sum(self.estimator.of_bytes(len(wire.dumps(item))) for item in output)
         return usage_of(input_tokens, out)
+
+
+class _OpenedItems:
+    """Opened compaction items by (credential, encrypted_content), least recently used
+    first out, bounded in bytes (the token plus the expansion)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._entries: OrderedDict[tuple[str, str], tuple[Compacted, int]] = OrderedDict()
+
+    def get(self, key: tuple[str, str]) -> Compacted | None:
+        found = self._entries.get(key)
+        if found is None:
+            return None
+        self._entries.move_to_end(key)
+        return found[0]
+
+    def put(self, key: tuple[str, str], value: Compacted) -> None:
+        size = len(key[1]) + sum(len(i) for i in value.head) + len(value.summary)
+        size += sum(len(i) for i in value.tail)
+        if size > self.max_bytes:
+            return
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.nbytes -= old[1]
+        self._entries[key] = (value, size)
+        self.nbytes += size
+        while self.nbytes > self.max_bytes:
+            _, (_, freed) = self._entries.popitem(last=False)
+            self.nbytes -= freed
 
 
 def _once(fn: Callable[[], list[ItemFacts]]) -> Callable[[], list[ItemFacts]]:

@@ -393,3 +393,19 @@ def test_summary_request_is_bounded_by_the_window() -> None:
     body = orjson.loads(b"".join(action.body))
     text = body["input"][0]["content"][0]["text"]
     assert len(text) < 5000 - 500 and "earlier items omitted" in text
+
+
+def test_opened_items_are_bounded_in_bytes() -> None:
+    m = manager(expansion_cache_bytes=3000)
+    items = [
+        seal(SEALER, Compacted((), f"summary {i} " + "s" * 500, ()), OWNER, "c") for i in range(6)
+    ]
+    for item in items:
+        m.prepare(EMPTY, request([item, user("x")]), OWNER)
+    opened = m._opened
+    assert 0 < opened.nbytes <= 3000
+    assert opened.get((OWNER, items[-1]["encrypted_content"])) is not None
+    assert opened.get((OWNER, items[0]["encrypted_content"])) is None  # the oldest went
+    huge = seal(SEALER, Compacted((), "h" * 5000, ()), OWNER, "c")
+    m.prepare(EMPTY, request([huge]), OWNER)  # larger than the bound: opened, not kept
+    assert opened.get((OWNER, huge["encrypted_content"])) is None and opened.nbytes <= 3000

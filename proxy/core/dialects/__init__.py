@@ -24,7 +24,7 @@ class StreamTranslator(Protocol):
 
     @property
     def outcome(self) -> str | None:
-        """ "completed" | "incomplete" | "failed" once the terminal event passed."""
+        """Once the terminal event passed: "completed", "incomplete" or "failed"."""
 
     @property
     def output(self) -> list[Any]:
