@@ -29,9 +29,8 @@ from proxy.core.session import (
     StartUpstream,
 )
 from proxy.core.store import owner_of
-from proxy.pump import pump
 from proxy.state import AppState
-from proxy.summary import summarise
+from proxy.summary import upstream_action
 from proxy.upstream_http import FORWARDED_HEADERS
 
 log = logging.getLogger("wsmode.ws")
@@ -115,7 +114,7 @@ class ClientConnection:
                     await self.ws.send_frame(action.frame, WSMsgType.TEXT)
                 except ConnectionError:
                     continue  # the reader sees the close and cleans up
-            elif isinstance(action, StartUpstream):
+            elif isinstance(action, StartUpstream | Summarise):
                 assert self.tg is not None
                 self.pumps[action.run_id] = self.tg.create_task(self._pump(action))
             elif isinstance(action, CancelUpstream):
@@ -126,15 +125,12 @@ class ClientConnection:
                 await self.ws.close(code=action.code, message=action.reason.encode())
             elif isinstance(action, Finished):
                 self.responses += 1
-            elif isinstance(action, Summarise):
-                assert self.tg is not None
-                self.pumps[action.run_id] = self.tg.create_task(self._summarise(action))
             elif isinstance(action, CountTokens) and self.state.tokenizer is not None:
                 self.state.tokenizer.submit(action.jobs, self.upstream_headers)
 
-    async def _pump(self, start: StartUpstream) -> None:
+    async def _pump(self, start: StartUpstream | Summarise) -> None:
         try:
-            await pump(
+            await upstream_action(
                 self.state.upstream,
                 self.session,
                 start,
@@ -146,18 +142,3 @@ class ClientConnection:
         finally:
             if self.pumps.get(start.run_id) is asyncio.current_task():
                 del self.pumps[start.run_id]
-
-    async def _summarise(self, action: Summarise) -> None:
-        try:
-            await summarise(
-                self.state.upstream,
-                self.session,
-                action,
-                self.upstream_headers,
-                self.state.settings.upstream.max_event_bytes,
-                self._execute,
-                f"connection {self.id}",
-            )
-        finally:
-            if self.pumps.get(action.run_id) is asyncio.current_task():
-                del self.pumps[action.run_id]

@@ -21,10 +21,10 @@ from proxy.core import wire
 from proxy.core.compaction import parse_compact
 from proxy.core.context import compaction_failed
 from proxy.core.conversation import CachedResponse
-from proxy.core.errors import ClientError, ProxyError, UpstreamError, previous_response_not_found
+from proxy.core.errors import ProxyError, UpstreamError, previous_response_not_found
 from proxy.core.ids import new_id
 from proxy.core.store import owner_of
-from proxy.http_front import error_response
+from proxy.http_front import error_response, json_object
 from proxy.passthrough import passthrough
 from proxy.state import APP_STATE
 from proxy.summary import log, run_summary
@@ -36,15 +36,9 @@ async def compact_response(request: web.Request) -> web.StreamResponse:
     context = state.context
     if context is None:
         return await passthrough(request)
-    try:
-        body = wire.loads(await request.read())
-    except wire.JSONDecodeError:
-        return error_response(ClientError("The body is not valid JSON.", code="invalid_json"))
-    if not isinstance(body, dict):
-        return error_response(ClientError("The body must be a JSON object.", code="invalid_json"))
     owner = owner_of(request.headers.get("Authorization"))
     try:
-        req = parse_compact(body)
+        req = parse_compact(await json_object(request))
         parent: CachedResponse | None = None
         if req.previous_response_id is not None:
             stored = state.store.get(req.previous_response_id, owner) if state.store else None

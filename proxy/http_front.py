@@ -28,9 +28,8 @@ from proxy.core.ids import new_id
 from proxy.core.session import Action, Send, Session, StartUpstream
 from proxy.core.store import StoredResponse, owner_of
 from proxy.passthrough import passthrough
-from proxy.pump import pump
 from proxy.state import APP_STATE, AppState
-from proxy.summary import summarise
+from proxy.summary import upstream_action
 from proxy.upstream_http import FORWARDED_HEADERS
 
 log = logging.getLogger("wsmode.http")
@@ -96,20 +95,10 @@ class HttpExchange:
     async def run(self, body: dict[str, Any]) -> web.StreamResponse:
         try:
             await self.execute(self.session.create(body))
-            while self.pending:  # one upstream request; twice on a native fallback
+            # one upstream request; twice on a native fallback or after a compaction's summary
+            while self.pending:
                 start = self.pending.pop(0)
-                if isinstance(start, Summarise):  # a compaction's summary, then the response
-                    await summarise(
-                        self.state.upstream,
-                        self.session,
-                        start,
-                        self.headers,
-                        self.state.settings.upstream.max_event_bytes,
-                        self.execute,
-                        f"http {self.request.remote}",
-                    )
-                    continue
-                await pump(
+                await upstream_action(
                     self.state.upstream,
                     self.session,
                     start,
@@ -169,14 +158,23 @@ class HttpExchange:
         await self.sse.write(b"event: " + kind.encode() + b"\ndata: " + frame + b"\n\n")
 
 
-async def create_response(request: web.Request) -> web.StreamResponse:
-    state = request.app[APP_STATE]
+async def json_object(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object, or ClientError `invalid_json`."""
     try:
         body = wire.loads(await request.read())
     except wire.JSONDecodeError:
-        return error_response(ClientError("The body is not valid JSON.", code="invalid_json"))
+        raise ClientError("The body is not valid JSON.", code="invalid_json") from None
     if not isinstance(body, dict):
-        return error_response(ClientError("The body must be a JSON object.", code="invalid_json"))
+        raise ClientError("The body must be a JSON object.", code="invalid_json")
+    return body
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    state = request.app[APP_STATE]
+    try:
+        body = await json_object(request)
+    except ClientError as err:
+        return error_response(err)
     if body.get("background"):
         return error_response(
             ClientError(

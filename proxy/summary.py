@@ -3,7 +3,8 @@
 The core plans it (`Summarise`), this module runs it: POST, decode the SSE stream with the
 dialect's own translator, and return the output items and usage. Nothing reaches the
 client; the session gets the result back (`summary_done` / `summary_failed`). Shared by the
-WebSocket front, the HTTP front and `POST /v1/responses/compact`.
+WebSocket front, the HTTP front and `POST /v1/responses/compact`. `upstream_action` runs
+either kind of upstream request a session asks for (a `pump` or a summary).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from collections.abc import Mapping
 from proxy.core.context import Summarise, SummaryResult
 from proxy.core.dialects import Dialect
 from proxy.core.errors import UpstreamError
-from proxy.core.session import Session
+from proxy.core.session import Session, StartUpstream
 from proxy.core.sse import SSEDecoder, SSEEventTooLarge
-from proxy.pump import Execute
+from proxy.pump import Execute, pump
 from proxy.upstream_http import UpstreamClient
 
 log = logging.getLogger("wsmode.compaction")
@@ -48,6 +49,22 @@ async def run_summary(
     assert stream.outcome is not None
     usage = (stream.response or {}).get("usage")
     return SummaryResult(stream.outcome, stream.output, usage if isinstance(usage, dict) else None)
+
+
+async def upstream_action(
+    upstream: UpstreamClient,
+    session: Session,
+    action: StartUpstream | Summarise,
+    headers: Mapping[str, str],
+    max_event_bytes: int,
+    execute: Execute,
+    label: str,
+) -> None:
+    """Run either kind of upstream request a session asks for."""
+    if isinstance(action, Summarise):
+        await summarise(upstream, session, action, headers, max_event_bytes, execute, label)
+    else:
+        await pump(upstream, session, action, headers, max_event_bytes, execute, label)
 
 
 async def summarise(

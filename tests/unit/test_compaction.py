@@ -28,35 +28,9 @@ from proxy.core.compaction import (
 )
 from proxy.core.errors import ClientError
 from proxy.core.sealing import Sealer
+from tests.unit.items import DEV, assistant, b, call, output, user
 
 SEALER = Sealer(bytes(range(32)))
-
-
-def b(item: dict[str, Any]) -> bytes:
-    return orjson.dumps(item)
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"type": "message", "role": "user", "content": text}
-
-
-def assistant(text: str) -> dict[str, Any]:
-    return {
-        "type": "message",
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
-
-
-def call(cid: str) -> dict[str, Any]:
-    return {"type": "function_call", "call_id": cid, "name": "run", "arguments": "{}"}
-
-
-def output(cid: str) -> dict[str, Any]:
-    return {"type": "function_call_output", "call_id": cid, "output": "ok"}
-
-
-DEV = {"type": "message", "role": "developer", "content": "You are an agent."}
 
 
 # ------------------------------------------------------------------ items

@@ -19,36 +19,10 @@ from proxy.core.errors import ClientError, UpstreamError
 from proxy.core.request import CreateRequest, parse_create
 from proxy.core.sealing import Sealer
 from proxy.core.tokens import ITEM_OVERHEAD
+from tests.unit.items import DEV, assistant, b, call, output, user
 
 SEALER = Sealer(bytes(range(32)))
 OWNER = "owner-a"
-
-
-def b(item: dict[str, Any]) -> bytes:
-    return orjson.dumps(item)
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"type": "message", "role": "user", "content": text}
-
-
-def assistant(text: str) -> dict[str, Any]:
-    return {
-        "type": "message",
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
-
-
-def call(cid: str) -> dict[str, Any]:
-    return {"type": "function_call", "call_id": cid, "name": "run", "arguments": "{}"}
-
-
-def output(cid: str, text: str = "ok") -> dict[str, Any]:
-    return {"type": "function_call_output", "call_id": cid, "output": text}
-
-
-DEV = {"type": "message", "role": "developer", "content": "You are an agent."}
 
 
 def manager(**kw: Any) -> ContextManager:
