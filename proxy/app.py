@@ -14,7 +14,9 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from proxy.client_ws import ClientConnection
+from proxy.compact_front import compact_response
 from proxy.config import Settings
+from proxy.context_app import build_context, tokenizer_lifecycle
 from proxy.core.conversation import CacheBudget
 from proxy.core.dialects.responses import ResponsesDialect
 from proxy.core.session import SessionLimits, UpstreamPolicy
@@ -77,10 +79,13 @@ def create_app(settings: Settings) -> web.Application:
         upstream_url=url,
         store=store,
         simulated=not url,
+        context=build_context(settings),
     )
     app.cleanup_ctx.append(_lifecycle)
+    app.cleanup_ctx.append(tokenizer_lifecycle)
     app.router.add_get("/healthz", _healthz)
     app.router.add_route("*", "/v1/responses", _responses)
+    app.router.add_post("/v1/responses/compact", compact_response)
     app.router.add_get("/v1/responses/{response_id}", get_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_get("/v1/responses/{response_id}/input_items", input_items)

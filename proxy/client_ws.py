@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from proxy.core.context import CountTokens, Summarise
 from proxy.core.conversation import ResponseCache
 from proxy.core.ids import new_id
 from proxy.core.session import (
@@ -28,8 +29,8 @@ from proxy.core.session import (
     StartUpstream,
 )
 from proxy.core.store import owner_of
-from proxy.pump import pump
 from proxy.state import AppState
+from proxy.summary import upstream_action
 from proxy.upstream_http import FORWARDED_HEADERS
 
 log = logging.getLogger("wsmode.ws")
@@ -57,6 +58,7 @@ class ClientConnection:
             new_id=new_id,
             store=state.store,
             owner=owner_of(request.headers.get("Authorization")),
+            context=state.context,
         )
         self.upstream_headers = {
             k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS
@@ -120,7 +122,7 @@ class ClientConnection:
                     await self.ws.send_frame(action.frame, WSMsgType.TEXT)
                 except ConnectionError:
                     continue  # the reader sees the close and cleans up
-            elif isinstance(action, StartUpstream):
+            elif isinstance(action, StartUpstream | Summarise):
                 assert self.tg is not None
                 self.pumps[action.run_id] = self.tg.create_task(self._pump(action))
             elif isinstance(action, CancelUpstream):
@@ -131,10 +133,12 @@ class ClientConnection:
                 await self.ws.close(code=action.code, message=action.reason.encode())
             elif isinstance(action, Finished):
                 self.responses += 1
+            elif isinstance(action, CountTokens) and self.state.tokenizer is not None:
+                self.state.tokenizer.submit(action.jobs, self.upstream_headers)
 
-    async def _pump(self, start: StartUpstream) -> None:
+    async def _pump(self, start: StartUpstream | Summarise) -> None:
         try:
-            await pump(
+            await upstream_action(
                 self.state.upstream,
                 self.session,
                 start,

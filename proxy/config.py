@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from proxy.core.sealing import decode_key
 from proxy.sim.app import SimSettings
 
 MiB = 1024 * 1024
@@ -48,6 +49,7 @@ class UpstreamSettings:
     max_event_bytes: int = 64 * MiB  # one SSE event (a response.completed can be large)
     max_error_body_bytes: int = 64 * 1024
     max_connections: int = 256  # pooled HTTP connections to the upstream
+    context_window: int = 0  # tokens; 0 = unknown (no truncation, no overflow check)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +78,33 @@ class LimitsSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TokensSettings:
+    # "auto": POST /tokenize at the upstream URL's origin (llama.cpp, vLLM); "": estimates
+    # only; or a full URL
+    tokenize_url: str = "auto"
+    bytes_per_token: float = 4.0  # the estimate without a tokenizer
+    output_reserve: int = 1024  # kept free for output under truncation "auto"
+    max_pending_jobs: int = 1024  # tokenizer jobs waiting; beyond, estimates stay
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionSettings:
+    enabled: bool = True  # false: context_management and /responses/compact go upstream as-is
+    key: str = ""  # base64, 32-64 bytes; empty: generated at start-up (not kept)
+    keep_recent_fraction: float = 0.25  # of the threshold, kept verbatim after compacting
+    summary_max_output_tokens: int = 2048
+    expansion_cache_bytes: int = 64 * MiB  # opened compaction items kept in memory
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
     limits: LimitsSettings = field(default_factory=LimitsSettings)
+    tokens: TokensSettings = field(default_factory=TokensSettings)
+    compaction: CompactionSettings = field(default_factory=CompactionSettings)
     sim: SimSettings = field(default_factory=SimSettings)
 
 
@@ -192,6 +215,28 @@ def _validate(s: Settings) -> None:
             value = getattr(section, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
                 raise ConfigError(f"{f.name} must not be negative")
+    _validate_context(s)
+
+
+def _validate_context(s: Settings) -> None:
+    """[tokens] and [compaction] (PROTOCOL 7)."""
+    t, c = s.tokens, s.compaction
+    url = t.tokenize_url
+    if url not in ("", "auto") and not url.startswith(("http://", "https://")):
+        raise ConfigError('tokens.tokenize_url must be "", "auto" or an http(s) URL')
+    if t.bytes_per_token <= 0:
+        raise ConfigError("tokens.bytes_per_token must be positive")
+    if t.output_reserve < 0 or t.max_pending_jobs < 0:
+        raise ConfigError("tokens.output_reserve and tokens.max_pending_jobs must not be negative")
+    if not 0 <= c.keep_recent_fraction < 1:
+        raise ConfigError("compaction.keep_recent_fraction must be at least 0 and below 1")
+    if c.summary_max_output_tokens < 1:
+        raise ConfigError("compaction.summary_max_output_tokens must be positive")
+    if c.key:
+        try:
+            decode_key(c.key)
+        except ValueError as exc:
+            raise ConfigError(f"compaction.key: {exc}") from None
 
 
 def as_dict(settings: Settings) -> dict[str, Any]:

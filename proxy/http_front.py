@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.core import wire
+from proxy.core.context import CountTokens, Summarise
 from proxy.core.conversation import ResponseCache
 from proxy.core.errors import ClientError, ProxyError
 from proxy.core.events import TERMINAL_TYPES
@@ -27,8 +28,8 @@ from proxy.core.ids import new_id
 from proxy.core.session import Action, Send, Session, StartUpstream
 from proxy.core.store import StoredResponse, owner_of
 from proxy.passthrough import passthrough
-from proxy.pump import pump
 from proxy.state import APP_STATE, AppState
+from proxy.summary import upstream_action
 from proxy.upstream_http import FORWARDED_HEADERS
 
 log = logging.getLogger("wsmode.http")
@@ -83,19 +84,21 @@ class HttpExchange:
             new_id=new_id,
             store=state.store,
             owner=_owner(request),
+            context=state.context,
         )
         self.headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
         self.sse: web.StreamResponse | None = None
-        self.pending: list[StartUpstream] = []
+        self.pending: list[StartUpstream | Summarise] = []
         self.error: dict[str, Any] | None = None  # the first WS error envelope, if any
         self.terminal: dict[str, Any] | None = None
 
     async def run(self, body: dict[str, Any]) -> web.StreamResponse:
         try:
             await self.execute(self.session.create(body))
-            while self.pending:  # one upstream request; twice on a native fallback
+            # one upstream request; twice on a native fallback or after a compaction's summary
+            while self.pending:
                 start = self.pending.pop(0)
-                await pump(
+                await upstream_action(
                     self.state.upstream,
                     self.session,
                     start,
@@ -130,8 +133,10 @@ class HttpExchange:
         for action in actions:
             if isinstance(action, Send):
                 await self._frame(action.frame)
-            elif isinstance(action, StartUpstream):
+            elif isinstance(action, StartUpstream | Summarise):
                 self.pending.append(action)
+            elif isinstance(action, CountTokens) and self.state.tokenizer is not None:
+                self.state.tokenizer.submit(action.jobs, self.headers)
 
     async def _frame(self, frame: bytes) -> None:
         kind = event_type(frame)
@@ -153,14 +158,23 @@ class HttpExchange:
         await self.sse.write(b"event: " + kind.encode() + b"\ndata: " + frame + b"\n\n")
 
 
-async def create_response(request: web.Request) -> web.StreamResponse:
-    state = request.app[APP_STATE]
+async def json_object(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object, or ClientError `invalid_json`."""
     try:
         body = wire.loads(await request.read())
     except wire.JSONDecodeError:
-        return error_response(ClientError("The body is not valid JSON.", code="invalid_json"))
+        raise ClientError("The body is not valid JSON.", code="invalid_json") from None
     if not isinstance(body, dict):
-        return error_response(ClientError("The body must be a JSON object.", code="invalid_json"))
+        raise ClientError("The body must be a JSON object.", code="invalid_json")
+    return body
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    state = request.app[APP_STATE]
+    try:
+        body = await json_object(request)
+    except ClientError as err:
+        return error_response(err)
     if body.get("background"):
         return error_response(
             ClientError(

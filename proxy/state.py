@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from proxy.config import Settings
+from proxy.core.context import ContextManager
 from proxy.core.conversation import CacheBudget
 from proxy.core.session import SessionLimits, UpstreamPolicy
 from proxy.core.store import ResponseStore
+from proxy.tokenizer import TokenizeWorker
 from proxy.upstream_http import UpstreamClient
 
 
@@ -23,6 +25,8 @@ class AppState:
     upstream_url: str
     store: ResponseStore | None
     simulated: bool = False
+    context: ContextManager | None = None  # compaction and context windows (PROTOCOL 7)
+    tokenizer: TokenizeWorker | None = None  # exact token counts, in the background
 
 
 APP_STATE = web.AppKey("wsmode_state", AppState)

@@ -33,6 +33,9 @@ class Segment:
 
     items: tuple[bytes, ...]
     nbytes: int = field(init=False)
+    # proxy/core/context.py's rendering of the items, with their token counts: a memo set
+    # once, the first time the segment is continued from, and gone with the segment
+    rendering: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nbytes", sum(len(i) for i in self.items))

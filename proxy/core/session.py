@@ -16,9 +16,15 @@ refers to is pinned in the cache until the run starts (4.4).
 Run states (transitions only in `_start`, `_on_started`, `_finish`):
 
     QUEUED --start--> UPSTREAM --first event--> STREAMING --terminal--> DONE
-       |                 |  (native fallback:                 |
-       |                 |   back to UPSTREAM once)           |
+       |    |            |  (native fallback:                 |
+       |    |            |   back to UPSTREAM once)           |
+       |    +--> COMPACTING --summary_done--> UPSTREAM        |
        +--warmup / not found / cancelled -------------------------------> DONE
+
+With a `ContextManager` (proxy/core/context.py) a run's upstream input is prepared at start:
+compaction items expanded, the window fitted, and, when `context_management` asks for it,
+the conversation compacted first: the run waits in COMPACTING while the adapter runs the
+`Summarise` action, and its stream then begins with the compaction item.
 
 On a terminal `completed` or `incomplete` the run's whole item list (parent items, new input,
 output) is cached under the response id. On any failure of a continuation the parent is
@@ -33,9 +39,18 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from proxy.core import ids, wire
+from proxy.core.context import (
+    ContextManager,
+    CountTokens,
+    Prepared,
+    Summarise,
+    SummaryResult,
+    compaction_failed,
+)
 from proxy.core.conversation import EMPTY, CachedResponse, ResponseCache, Segment
 from proxy.core.dialects import Dialect, StreamTranslator
 from proxy.core.errors import (
@@ -46,6 +61,7 @@ from proxy.core.errors import (
     previous_response_not_found,
 )
 from proxy.core.events import lifecycle_event, response_object, zero_usage
+from proxy.core.managed_stream import ManagedStream
 from proxy.core.request import CreateRequest, check_stream_id, parse_create
 from proxy.core.sse import SSEEvent
 from proxy.core.steering import (
@@ -99,7 +115,7 @@ class Finished:
     usage: dict[str, Any] | None = None
 
 
-Action = Send | StartUpstream | CancelUpstream | Close | Finished
+Action = Send | StartUpstream | CancelUpstream | Close | Finished | Summarise | CountTokens
 
 
 # ---------------------------------------------------------------- state
@@ -107,6 +123,7 @@ Action = Send | StartUpstream | CancelUpstream | Close | Finished
 
 class RunState(enum.Enum):
     QUEUED = "queued"
+    COMPACTING = "compacting"  # the summarising request of a compaction is running
     UPSTREAM = "upstream"  # request sent, no event yet
     STREAMING = "streaming"
     DONE = "done"
@@ -124,6 +141,7 @@ class Run:
     steers: list[Steer] = field(default_factory=list)  # accepted, not yet applied
     applies: list[Steer] = field(default_factory=list)  # steers whose input this run carries
     seq_offset: int = 0  # events the proxy inserted into this response's stream
+    context: Prepared | None = None  # the prepared upstream input (ContextManager)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +168,8 @@ class Session:
     clock: Callable[[], float] = lambda: 0.0
     new_id: Callable[[str], str] = ids.new_id
     store: ResponseStore | None = None  # responses that outlive the socket (store != false)
-    owner: str = "anonymous"  # the credential scope for `store`
+    owner: str = "anonymous"  # the credential scope for `store` and compaction items
+    context: ContextManager | None = None  # compaction, truncation, token counts
 
     def __post_init__(self) -> None:
         self._ids = itertools.count(1)
@@ -244,7 +263,7 @@ class Session:
         out: list[Action] = [
             CancelUpstream(r.id)
             for r in self._runs.values()
-            if r.state in (RunState.UPSTREAM, RunState.STREAMING)
+            if r.state in (RunState.COMPACTING, RunState.UPSTREAM, RunState.STREAMING)
         ]
         self._runs.clear()
         self._queue.clear()
@@ -286,6 +305,8 @@ class Session:
                     param="stream_id",
                 )
             req = parse_create(msg)
+            if self.context is not None:
+                self.context.validate(req, self.owner)
             if len(self._queue) >= self.limits.max_queued:
                 raise ClientError(
                     f"Too many queued requests on this connection (limit "
@@ -342,13 +363,54 @@ class Session:
             req = run.req
         if not req.generate:
             return self._warmup(run)
-        self._busy_lanes.add(req.lane)
         run.native = (
             self.policy.native_previous_response_id
             and run.parent is not None
             and run.parent.settings.get("store") is not False
         )
+        out: list[Action] = []
+        if self.context is not None and not run.native:
+            try:
+                run.context = self.context.prepare(run.parent, req, self.owner)
+            except ClientError as err:
+                del self._runs[run.id]
+                return [Send(self._error_frame(err, req.lane)), Finished(run.id, None, "rejected")]
+            if run.context.jobs:
+                out.append(CountTokens(run.context.jobs))
+        self._busy_lanes.add(req.lane)
+        if run.context is not None and run.context.cut is not None:
+            assert self.context is not None
+            run.state = RunState.COMPACTING
+            path = self.policy.dialect.path
+            return [*out, self.context.summary_action(run.id, run.context, req.model, path)]
+        return [*out, self._start_upstream(run)]
+
+    def summary_done(self, run_id: int, result: SummaryResult) -> list[Action]:
+        """The summarising request of a compaction finished: generate from the compacted
+        context, the stream starting with the compaction item."""
+        run = self._runs.get(run_id)
+        if run is None or run.state is not RunState.COMPACTING:
+            return []
+        assert self.context is not None and run.context is not None
+        try:
+            run.context = self.context.compacted(
+                run.context, result, self.owner, self.new_id("cmp")
+            )
+        except UpstreamError as err:
+            return self._fail(run, err)
+        except ClientError as err:  # the compacted context still does not fit the window
+            return [
+                Send(self._error_frame(err, run.req.lane)),
+                Finished(run.id, None, "rejected"),
+                *self._end(run),
+            ]
         return [self._start_upstream(run)]
+
+    def summary_failed(self, run_id: int, err: UpstreamError) -> list[Action]:
+        run = self._runs.get(run_id)
+        if run is None or run.state is not RunState.COMPACTING:
+            return []
+        return self._fail(run, compaction_failed(err))
 
     def _lookup(self, rid: str) -> CachedResponse | None:
         """PROTOCOL 4.2: the connection cache first, then the store (stored responses only)."""
@@ -363,22 +425,29 @@ class Session:
         patch = {"previous_response_id": req.previous_response_id, "store": req.store}
         run.stream = dialect.translator(patch)
         run.state = RunState.UPSTREAM
+        # an upstream that keeps state must store what the client stores, so that the next
+        # turn can continue natively; a stateless one needs to store nothing
+        store = req.store if self.policy.native_previous_response_id else self.policy.store
+        extra: dict[str, Any] = {"stream": True, "store": store}
+        settings = req.settings
         if run.native:
             assert run.parent is not None
-            extra = {
-                "stream": True,
-                "store": req.store,
-                "previous_response_id": run.parent.id,
-            }
+            extra["previous_response_id"] = run.parent.id
             items = list(req.input_items)
+        elif run.context is not None:  # prepared by the ContextManager
+            assert self.context is not None
+            prep = run.context
+            run.stream = ManagedStream(
+                run.stream,
+                estimate_usage=partial(self.context.usage, prep),
+                first_item=prep.compaction,
+                extra_usage=prep.summary_usage,
+            )
+            settings, items = prep.settings, prep.items
         else:
-            # an upstream that keeps state must store what the client stores, so that the next
-            # turn can continue natively; a stateless one needs to store nothing
-            store = req.store if self.policy.native_previous_response_id else self.policy.store
-            extra = {"stream": True, "store": store}
             parent = run.parent or EMPTY
             items = [*parent.items(), *req.input_items]
-        return StartUpstream(run.id, dialect.body(req.settings, extra, items), dialect.path)
+        return StartUpstream(run.id, dialect.body(settings, extra, items), dialect.path)
 
     def _warmup(self, run: Run) -> list[Action]:
         """`generate: false` (PROTOCOL 2.1): created + completed, no upstream call; the input
@@ -467,7 +536,10 @@ class Session:
         return [Send(self._error_frame(err, None)), Close(1001, "connection lifetime reached")]
 
     def _remember(self, run: Run, rid: str, output: list[bytes], response: dict[str, Any]) -> None:
-        parent = run.parent or EMPTY
+        # after a compaction the conversation continues from the compaction item, which
+        # stands for everything before it: the parent's segments are no longer needed
+        compacted = run.context is not None and run.context.compaction is not None
+        parent = EMPTY if compacted else (run.parent or EMPTY)
         settings = {**run.req.settings, "store": run.req.store}
         added = Segment((*run.req.input_items, *output))
         entry = parent.child(rid, run.req.lane, added, settings)

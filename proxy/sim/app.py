@@ -11,6 +11,10 @@ from a queue filled with `POST /sim/faults {"faults": [...]}` (one per following
 the connection drops), `stall:N` (after N events, silence until the client leaves),
 `error:N` (an SSE `error` event after N events) and `eof:N` (the stream ends after N events
 with no terminal event).
+
+`context_window` (tokens, 0 = unlimited) makes it refuse, like a real server, a request
+whose input does not fit: 400 `context_length_exceeded`. `POST /tokenize` answers like
+llama.cpp's (`{"content": ...}` -> `{"tokens": [...]}`) with the same tokenizer.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from aiohttp.typedefs import Handler
 
 from proxy.core import wire
 from proxy.sim.events import response_events
-from proxy.sim.model import plan
+from proxy.sim.model import count_tokens, plan, tokenize
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +41,7 @@ class SimSettings:
     seed: int = 0
     tool_calls_per_turn: int = 1
     output_items: int = 1  # assistant messages a text answer is split over
+    context_window: int = 0  # tokens; a larger input gets 400 context_length_exceeded
 
 
 @dataclass
@@ -50,6 +55,7 @@ class SimState:
     active: int = 0
     peak_active: int = 0  # the most streams open at once
     bytes_received: int = 0
+    tokenize_calls: int = 0
     last_headers: dict[str, str] = field(default_factory=dict)  # of the latest request
 
 
@@ -92,6 +98,16 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         return _error(
             400, "Missing required parameter: 'model'.", "missing_required_parameter", "model"
         )
+    if cfg.context_window:
+        needed = count_tokens(body)
+        if needed > cfg.context_window:
+            return _error(
+                400,
+                f"This model's maximum context length is {cfg.context_window} tokens; the "
+                f"input has {needed} tokens.",
+                "context_length_exceeded",
+                "input",
+            )
     meta = body.get("metadata")
     if not isinstance(meta, dict):
         meta = {}
@@ -175,6 +191,19 @@ async def _inject(
     return resp
 
 
+async def _tokenize(request: web.Request) -> web.Response:
+    state = request.app[SIM_STATE]
+    try:
+        doc = wire.loads(await request.read())
+    except wire.JSONDecodeError:
+        return _error(400, "We could not parse the JSON body of your request.", "invalid_json")
+    content = doc.get("content") if isinstance(doc, dict) else None
+    if not isinstance(content, str):
+        return _error(400, "Missing required parameter: 'content'.", "missing_required_parameter")
+    state.tokenize_calls += 1
+    return web.json_response({"tokens": tokenize(content)})
+
+
 async def _faults(request: web.Request) -> web.Response:
     doc = wire.loads(await request.read())
     faults = doc.get("faults", []) if isinstance(doc, dict) else []
@@ -191,6 +220,7 @@ async def _stats(request: web.Request) -> web.Response:
             "cancelled": s.cancelled,
             "active": s.active,
             "requests": len(s.requests),
+            "tokenize_calls": s.tokenize_calls,
         }
     )
 
@@ -215,6 +245,7 @@ def create_sim_app(settings: SimSettings | None = None) -> web.Application:
     app[SIM_STATE] = SimState(settings or SimSettings())
     app.router.add_post("/v1/responses", _responses)
     app.router.add_get("/v1/models", _models)
+    app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/sim/faults", _faults)
     app.router.add_get("/sim/stats", _stats)
     app.router.add_get("/healthz", _stats)

@@ -9,12 +9,22 @@ received the full, rebuilt conversation.
 Tool choice: `"none"` answers in text; `"required"` or a named function always calls a tool;
 `"auto"` calls the first function tool while fewer than `tool_calls_per_turn` tool outputs
 follow the last user message, then answers.
+
+Asked to summarise (its `instructions` mention a summary), it answers with a recognisable
+summary instead: `Summary:` followed by the first words of every `[user]` line of the
+transcript it was given, carrying over the content of earlier summaries, so a test can see
+which facts survived a compaction.
+
+Tokens: one per 4 UTF-8 bytes of text (`tokenize`). A request costs the tokens of each
+input item's text plus 4 per item, plus its instructions (`count_tokens`); that is what the
+usage reports and what a `context_window` is checked against.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +41,74 @@ class ToolCall:
     name: str
     call_id: str
     arguments: str
+
+
+SUMMARY_LEAD = "Summary:"
+_SUMMARY_WORDS = 6  # words kept of each user line
+_ASKS_FOR_SUMMARY = re.compile(r"summar[iy]", re.IGNORECASE)
+_BLOCKS = re.compile(r"\n\n(?=\[)")  # transcript entries are "[role] text", blank-line apart
+_USER_TAG = "[user] "
+
+
+def tokenize(text: str) -> list[int]:
+    """The simulated tokenizer: one token per 4 UTF-8 bytes."""
+    data = text.encode()
+    return [int.from_bytes(data[i : i + 2], "big") for i in range(0, len(data), 4)]
+
+
+def token_count(text: str) -> int:
+    """`len(tokenize(text))`, without building the tokens."""
+    return -(-len(text.encode()) // 4)
+
+
+def item_text(item: Any) -> str:
+    """The text of an input item, as a chat template would show it."""
+    if not isinstance(item, dict):
+        return ""
+    kind = item.get("type", "message")
+    if kind == "message":
+        content = item.get("content")
+        if isinstance(content, str):
+            return content
+        parts = content if isinstance(content, list) else []
+        return "\n".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+    if kind == "function_call":
+        return f"{item.get('name', '')}\n{item.get('arguments', '')}"
+    if kind == "function_call_output":
+        out = item.get("output")
+        return out if isinstance(out, str) else wire.dumps(out).decode()
+    if kind == "reasoning":
+        summary = item.get("summary")
+        parts = summary if isinstance(summary, list) else []
+        return "\n".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
+    return wire.dumps(item).decode()
+
+
+def count_tokens(body: dict[str, Any]) -> int:
+    items = input_items(body)
+    n = sum(token_count(item_text(i)) + 4 for i in items)
+    instructions = body.get("instructions")
+    if isinstance(instructions, str):
+        n += token_count(instructions)
+    return max(1, n)
+
+
+def summary_of(body: dict[str, Any]) -> str | None:
+    """The summary to answer with, if the request asks for one."""
+    instructions = body.get("instructions")
+    if not isinstance(instructions, str) or not _ASKS_FOR_SUMMARY.search(instructions):
+        return None
+    text = "\n".join(item_text(i) for i in input_items(body))
+    notes: list[str] = []
+    for block in _BLOCKS.split(text):  # one block per transcript entry
+        if not block.startswith(_USER_TAG):
+            continue
+        said = block[len(_USER_TAG) :]
+        if SUMMARY_LEAD in said:  # an earlier summary: carry its notes over
+            notes.append(said.split(SUMMARY_LEAD, 1)[1].strip())
+        else:
+            notes.append(" ".join(said.split()[:_SUMMARY_WORDS]))
+    return f"{SUMMARY_LEAD} " + "; ".join(n for n in notes if n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +158,13 @@ def plan(
     items = input_items(body)
     digest = hashlib.sha256(wire.dumps([body.get("instructions"), items])).hexdigest()
     rng = random.Random(f"{seed}:{digest}")
-    input_tokens = max(1, len(wire.dumps(items)) // 4)
+    input_tokens = count_tokens(body)
+    summary = summary_of(body)
+    if summary is not None:
+        words = summary.split(" ")
+        return Plan(
+            [w if i == 0 else " " + w for i, w in enumerate(words)], None, input_tokens, digest
+        )
     names = _function_names(body.get("tools"))
     choice = body.get("tool_choice", "auto")
     call_name: str | None = None

@@ -14,12 +14,29 @@ from proxy.core.sse import SSEEvent
 
 
 class StreamTranslator(Protocol):
-    response_id: str | None
-    response: dict[str, Any] | None  # the latest response object seen (created, in_progress)
-    outcome: str | None  # "completed" | "incomplete" | "failed" once the terminal event passed
-    output: list[Any]  # the output items, final once `outcome` is set
-    last_seq: int  # the last sequence_number forwarded, -1 before any
-    open_items: int  # output items added and not yet done (0 at an item boundary)
+    # read-only to the session: plain attributes in the dialects, properties in wrappers
+    @property
+    def response_id(self) -> str | None: ...
+
+    @property
+    def response(self) -> dict[str, Any] | None:
+        """The latest response object seen (created, in_progress, the terminal one)."""
+
+    @property
+    def outcome(self) -> str | None:
+        """Once the terminal event passed: "completed", "incomplete" or "failed"."""
+
+    @property
+    def output(self) -> list[Any]:
+        """The output items, final once `outcome` is set."""
+
+    @property
+    def last_seq(self) -> int:
+        """The last sequence_number forwarded, -1 before any."""
+
+    @property
+    def open_items(self) -> int:
+        """Output items added and not yet done (0 at an item boundary)."""
 
     def finished_items(self) -> list[Any]:
         """The output items done so far, in output order (steering and cancel keep them)."""

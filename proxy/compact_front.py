@@ -1,0 +1,69 @@
+"""`POST /v1/responses/compact` for stateless upstreams (PROTOCOL 7).
+
+The body is a create's (`model` required, `input` and/or `previous_response_id` from the
+caller's stored responses, `instructions`). The proxy asks the upstream model to summarise
+the older part of the conversation and answers the compacted window:
+
+    {"id", "object": "response.compaction", "created_at", "output": [compaction item,
+     ...recent items], "usage"}
+
+The client starts a new chain with that `output` followed by its new items. Nothing is
+stored. With `compaction.enabled = false` the request goes to the upstream as it is.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from proxy.core import wire
+from proxy.core.compaction import parse_compact
+from proxy.core.context import compaction_failed
+from proxy.core.conversation import CachedResponse
+from proxy.core.errors import ProxyError, UpstreamError, previous_response_not_found
+from proxy.core.ids import new_id
+from proxy.core.store import owner_of
+from proxy.http_front import error_response, json_object
+from proxy.passthrough import passthrough
+from proxy.state import APP_STATE
+from proxy.summary import log, run_summary
+from proxy.upstream_http import FORWARDED_HEADERS
+
+
+async def compact_response(request: web.Request) -> web.StreamResponse:
+    state = request.app[APP_STATE]
+    context = state.context
+    if context is None:
+        return await passthrough(request)
+    owner = owner_of(request.headers.get("Authorization"))
+    try:
+        req = parse_compact(await json_object(request))
+        parent: CachedResponse | None = None
+        if req.previous_response_id is not None:
+            stored = state.store.get(req.previous_response_id, owner) if state.store else None
+            if stored is None:
+                raise previous_response_not_found(req.previous_response_id)
+            parent = stored.entry
+        prep = context.plan_compact(parent, req, owner)
+        result = None
+        if prep.cut is not None:
+            dialect = state.policy.dialect
+            action = context.summary_action(0, prep, req.model, dialect.path, req.instructions)
+            headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
+            max_event = state.settings.upstream.max_event_bytes
+            result = await run_summary(state.upstream, dialect, action, headers, max_event)
+        output, usage = context.compact_output(prep, result, owner, new_id("cmp"))
+    except UpstreamError as err:
+        log.warning("compaction for %s failed (%s): %s", request.remote, err.status, err.message)
+        return error_response(compaction_failed(err))
+    except ProxyError as err:
+        return error_response(err)
+    doc = {
+        "id": new_id("resp"),
+        "object": "response.compaction",
+        "created_at": int(time.time()),
+        "output": output,
+        "usage": usage,
+    }
+    return web.Response(body=wire.dumps(doc), content_type="application/json")
