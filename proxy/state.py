@@ -21,6 +21,7 @@ class AppState:
     cache_budget: CacheBudget
     upstream_url: str
     simulated: bool = False
+    client_bytes_received: int = 0  # WebSocket text bytes from clients, all connections
 
 
 APP_STATE = web.AppKey("wsmode_state", AppState)
