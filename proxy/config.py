@@ -199,6 +199,8 @@ def _validate(s: Settings) -> None:
         raise ConfigError("sidecar.upstream must start with http:// or https://")
     if not 0 <= s.sidecar.port <= 65535:
         raise ConfigError("sidecar.port must be between 0 and 65535")
+    if s.sidecar.max_connections < 1:
+        raise ConfigError("sidecar.max_connections must be at least 1")
     for section in (s.server, s.upstream, s.cache, s.limits, s.sidecar):
         for f in dataclasses.fields(section):
             value = getattr(section, f.name)

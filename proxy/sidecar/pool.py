@@ -92,7 +92,8 @@ class SocketPool:
     async def start(self) -> None:
         s = self.settings
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=max(1, s.max_connections)),
+            # the pool bounds open sockets; the connector leaves room for ones being closed
+            connector=aiohttp.TCPConnector(limit=2 * s.max_connections),
             timeout=aiohttp.ClientTimeout(
                 total=None, connect=s.connect_timeout, sock_read=s.read_timeout
             ),
@@ -143,7 +144,7 @@ class SocketPool:
         if self.websocket_refused():
             raise UpgradeRefused(426)
         self._prune()
-        limit = max(1, self.settings.max_connections)
+        limit = self.settings.max_connections
         if len(self._sockets) + self._opening >= limit:
             idle = [s for s in self._sockets.values() if not s.busy]
             mine = [s for s in idle if s.credential == credential]

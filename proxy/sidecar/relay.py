@@ -107,6 +107,15 @@ def sse(kind: str, data: bytes) -> bytes:
     return b"".join((b"event: ", kind.encode(), b"\ndata: ", data, b"\n\n"))
 
 
+def error_object(ev: dict[str, Any]) -> dict[str, Any]:
+    """The `error` object of an error event: nested in the WebSocket envelope (PROTOCOL 3.2),
+    or code, message and param at the top level in the HTTP SSE variant (8.1)."""
+    raw = ev.get("error")
+    if isinstance(raw, dict):
+        return raw
+    return {k: ev[k] for k in ("code", "message", "param") if k in ev}
+
+
 def error_status(ev: dict[str, Any], err: dict[str, Any]) -> int:
     status = ev.get("status", ev.get("status_code"))
     if isinstance(status, int) and not isinstance(status, bool) and 400 <= status <= 599:
@@ -121,8 +130,7 @@ def error_status(ev: dict[str, Any], err: dict[str, Any]) -> int:
 
 def http_error(ev: dict[str, Any]) -> Reply:
     """A WebSocket `error` event (PROTOCOL 3.2) as the HTTP error answer (8.1)."""
-    raw = ev.get("error")
-    err: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    err = error_object(ev)
     status = error_status(ev, err)
     body: dict[str, Any] = {
         "message": err.get("message") or "The upstream reported an error.",
@@ -288,8 +296,7 @@ class Relay:
     def _error(self, ev: Any) -> list[Action]:
         if not isinstance(ev, dict):
             return self.invalid("the upstream sent an error that is not a JSON object")
-        raw = ev.get("error")
-        err: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        err = error_object(ev)
         code = err.get("code")
         if not self.started:
             if code == "websocket_connection_limit_reached":

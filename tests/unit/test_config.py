@@ -64,6 +64,7 @@ def test_env_aliases_and_generic_names() -> None:
         ("[cache]\nconnection_max_bytes = -1\n", {}, "must not be negative"),
         ("[sidecar]\nupstream = 'ws://x/v1'\n", {}, "sidecar.upstream must start with"),
         ("[sidecar]\nport = 70000\n", {}, "sidecar.port must be between"),
+        ("[sidecar]\nmax_connections = 0\n", {}, "sidecar.max_connections must be at least 1"),
         ("", {"WSMODE_SIDECAR_IDLE_TIMEOUT": "-1"}, "must not be negative"),
     ],
 )

@@ -165,6 +165,22 @@ def test_error_status_defaults(ev: dict[str, Any], status: int) -> None:
     assert set(body) >= {"message", "type", "param", "code"} and body["message"]
 
 
+def test_an_http_shaped_error_event_keeps_its_words() -> None:
+    relay = Relay(stream=False)
+    relay.begin(delta=False)
+    ev = {"type": "error", "code": "server_error", "message": "model crashed", "param": None}
+    reply, _ = relay.frame(orjson.dumps(ev))
+    assert reply.status == 500
+    assert orjson.loads(reply.body) == {
+        "error": {
+            "message": "model crashed",
+            "type": "server_error",
+            "param": None,
+            "code": "server_error",
+        }
+    }
+
+
 def test_previous_response_not_found_for_our_continuation_resends_full_once() -> None:
     relay = Relay(stream=True)
     relay.begin(delta=True)
