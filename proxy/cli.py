@@ -79,6 +79,64 @@ def serve(
 
 
 @main.command()
+@click.option(
+    "--upstream",
+    help="Base URL of the remote WebSocket-mode server, e.g. https://api.openai.com/v1. "
+    "Required. [WSMODE_SIDECAR_UPSTREAM]",
+)
+@click.option("--host", help="Address to listen on (default 127.0.0.1). [WSMODE_SIDECAR_HOST]")
+@click.option("--port", type=int, help="Port to listen on (default 8090). [WSMODE_SIDECAR_PORT]")
+@click.option(
+    "--config",
+    "config",
+    envvar="WSMODE_CONFIG",
+    type=click.Path(exists=True, dir_okay=False),
+    help="TOML config file, section [sidecar] (see config/wsmode.example.toml). [WSMODE_CONFIG]",
+)
+@click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR. [WSMODE_SERVER_LOG_LEVEL]")
+def sidecar(
+    upstream: str | None,
+    host: str | None,
+    port: int | None,
+    config: str | None,
+    log_level: str | None,
+) -> None:
+    """Take plain HTTP on localhost; send /v1/responses to a WebSocket-mode server."""
+    from proxy.logs import configure
+    from proxy.sidecar.app import create_sidecar_app
+
+    settings = _settings(
+        config,
+        {
+            "sidecar.upstream": upstream,
+            "sidecar.host": host,
+            "sidecar.port": port,
+            "server.log_level": log_level,
+        },
+    )
+    sc = settings.sidecar
+    if not sc.upstream:
+        raise click.UsageError(
+            "the sidecar needs --upstream (the remote server's base URL, e.g. "
+            "https://api.openai.com/v1)"
+        )
+    configure(settings.server.log_level)
+    click.echo(
+        f"wsmode {__version__} sidecar on http://{sc.host}:{sc.port}/v1 (clients use this as "
+        f"their base URL), WebSocket mode to {sc.upstream}",
+        err=True,
+    )
+    web.run_app(
+        create_sidecar_app(settings),
+        host=sc.host,
+        port=sc.port,
+        print=None,
+        access_log=None,
+        handler_cancellation=True,
+    )
+
+
+@main.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8081, show_default=True)
 @click.option("--config", "config", envvar="WSMODE_CONFIG", type=click.Path(exists=True))

@@ -101,6 +101,7 @@ class ClientConnection:
         ws = self.ws
         async for msg in ws:
             if msg.type is WSMsgType.TEXT:
+                self.state.client_bytes_received += len(msg.data.encode())
                 await self._execute(self.session.client_message(msg.data))
             elif msg.type is WSMsgType.BINARY:
                 # PROTOCOL 1: text frames only; RFC 6455 1003 = data it cannot accept

@@ -97,6 +97,25 @@ class CompactionSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class SidecarSettings:
+    """`wsmode sidecar`: plain HTTP in on localhost, WebSocket mode out to a remote server."""
+
+    host: str = "127.0.0.1"
+    port: int = 8090
+    upstream: str = ""  # base URL of the WebSocket-mode server, ending in /v1 (required)
+    connect_timeout: float = 10.0  # TCP, TLS and the WebSocket upgrade
+    read_timeout: float = 300.0  # longest silence while waiting for the next upstream event
+    max_request_bytes: int = 64 * MiB  # largest HTTP request body from a client
+    max_message_bytes: int = 64 * MiB  # largest WebSocket message from the upstream
+    max_connections: int = 32  # pooled upstream WebSockets, across all credentials
+    idle_timeout: float = 300.0  # close a pooled WebSocket idle this long; 0 keeps it
+    refusal_memory: float = 600.0  # after an upgrade refused with 404/426, HTTP this long
+    max_credentials: int = 64  # credentials whose chains are remembered
+    chains_per_credential: int = 256  # chains remembered per credential
+    max_http_connections: int = 64  # pooled HTTP connections for routes sent over HTTP
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
@@ -106,6 +125,7 @@ class Settings:
     tokens: TokensSettings = field(default_factory=TokensSettings)
     compaction: CompactionSettings = field(default_factory=CompactionSettings)
     sim: SimSettings = field(default_factory=SimSettings)
+    sidecar: SidecarSettings = field(default_factory=SidecarSettings)
 
 
 # Short environment names for the flags of `wsmode serve`.
@@ -210,7 +230,13 @@ def _validate(s: Settings) -> None:
         raise ConfigError("upstream.url must start with http:// or https://")
     if not 0 <= s.server.port <= 65535:
         raise ConfigError("server.port must be between 0 and 65535")
-    for section in (s.server, s.upstream, s.cache, s.store, s.limits):
+    if s.sidecar.upstream and not s.sidecar.upstream.startswith(("http://", "https://")):
+        raise ConfigError("sidecar.upstream must start with http:// or https://")
+    if not 0 <= s.sidecar.port <= 65535:
+        raise ConfigError("sidecar.port must be between 0 and 65535")
+    if s.sidecar.max_connections < 1:
+        raise ConfigError("sidecar.max_connections must be at least 1")
+    for section in (s.server, s.upstream, s.cache, s.store, s.limits, s.sidecar):
         for f in dataclasses.fields(section):
             value = getattr(section, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:

@@ -2,13 +2,14 @@
 
 Method, query, headers (minus hop-by-hop ones, RFC 9110 7.6.1), a streamed request body, the
 status, headers and a streamed response body: so the proxy can be a client's only base URL.
-Bodies are relayed byte for byte, compressed or not.
+Bodies are relayed byte for byte, compressed or not. `relay_http` does the same for any
+upstream client, with a body already read (the sidecar reads POST /v1/responses first).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -17,6 +18,7 @@ from yarl import URL
 
 from proxy.core import wire
 from proxy.state import APP_STATE
+from proxy.upstream_http import UpstreamClient
 
 log = logging.getLogger("wsmode.http")
 
@@ -42,18 +44,24 @@ def _headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
-    state = request.app[APP_STATE]
-    client = state.upstream
+    return await relay_http(request, request.app[APP_STATE].upstream)
+
+
+async def relay_http(
+    request: web.Request, client: UpstreamClient, body: bytes | None = None
+) -> web.StreamResponse:
     assert client.session is not None
     # raw_path keeps the client's percent-encoding and query string exactly
     url = URL(client.base_url + request.raw_path.removeprefix("/v1"), encoded=True)
-    body = request.content.iter_chunked(64 * 1024) if request.body_exists else None
+    data: bytes | AsyncIterator[bytes] | None = body
+    if body is None and request.body_exists:
+        data = request.content.iter_chunked(64 * 1024)
     try:
         upstream = await client.session.request(
             request.method,
             url,
             headers=_headers(request.headers),
-            data=body,
+            data=data,
             allow_redirects=False,
         )
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:

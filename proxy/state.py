@@ -27,6 +27,7 @@ class AppState:
     simulated: bool = False
     context: ContextManager | None = None  # compaction and context windows (PROTOCOL 7)
     tokenizer: TokenizeWorker | None = None  # exact token counts, in the background
+    client_bytes_received: int = 0  # WebSocket text bytes from clients, all connections
 
 
 APP_STATE = web.AppKey("wsmode_state", AppState)

@@ -19,6 +19,7 @@ from websockets.asyncio.client import ClientConnection
 
 from proxy.app import create_app
 from proxy.config import Settings, load_settings
+from proxy.sidecar.app import SIDECAR, SidecarState, create_sidecar_app
 from proxy.sim.app import SIM_STATE, SimSettings, SimState, create_sim_app
 from proxy.state import APP_STATE, AppState
 
@@ -151,3 +152,33 @@ def create(**fields: Any) -> dict[str, Any]:
 
 def user(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "user", "content": text}
+
+
+# ------------------------------------------------------------------ sidecar (issue 5)
+
+
+@dataclass
+class Sidecar:
+    served: Served
+    state: SidecarState
+
+    @property
+    def http(self) -> str:
+        return f"{self.served.base}/v1"
+
+
+@pytest.fixture
+async def sidecar_factory() -> AsyncIterator[Callable[..., Awaitable[Sidecar]]]:
+    """`make(upstream, **sidecar_settings)`: a sidecar on 127.0.0.1 in front of `upstream`."""
+    started: list[Served] = []
+
+    async def make(upstream: str, **overrides: Any) -> Sidecar:
+        flat = {"sidecar.upstream": upstream, **{f"sidecar.{k}": v for k, v in overrides.items()}}
+        app = create_sidecar_app(load_settings(None, {}, flat))
+        served = await serve(app, handler_cancellation=True)
+        started.append(served)
+        return Sidecar(served, app[SIDECAR])
+
+    yield make
+    for s in reversed(started):
+        await s.runner.cleanup()

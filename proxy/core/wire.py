@@ -34,3 +34,11 @@ def with_field(obj_json: bytes, key_json: bytes, value_json: bytes) -> bytes:
     head = body[:-1].rstrip()
     sep = b"" if head.endswith(b"{") else b","
     return b"".join((head, sep, key_json, b":", value_json, b"}"))
+
+
+def canonical(obj: Any) -> bytes:
+    """A canonical form for hashing and comparing JSON: keys sorted at every level, compact.
+
+    Two values that parse to equal JSON objects get equal bytes, whatever key order or
+    whitespace each writer used."""
+    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)

@@ -2,9 +2,11 @@
 
 Given a request body and a seed, `plan()` decides whether the model calls a tool or answers
 in text, and writes the exact text or arguments. The same history always produces the same
-output, and the output encodes the history's length (the tool arguments carry `n`, the
-number of input items seen), so a test can tell from the answer alone whether the upstream
-received the full, rebuilt conversation.
+output. "The same" is about content: the items' `id`s (random in every response) and the key
+order a client re-serialised them in do not count, so two routes to the model that carry
+the same conversation get the same answers. The output encodes the history's length (the
+tool arguments carry `n`, the number of input items seen), so a test can tell from the
+answer alone whether the upstream received the full, rebuilt conversation.
 
 Tool choice: `"none"` answers in text; `"required"` or a named function always calls a tool;
 `"auto"` calls the first function tool while fewer than `tool_calls_per_turn` tool outputs
@@ -156,7 +158,11 @@ def plan(
     output_items: int = 1,
 ) -> Plan:
     items = input_items(body)
-    digest = hashlib.sha256(wire.dumps([body.get("instructions"), items])).hexdigest()
+    content = [
+        {k: v for k, v in item.items() if k != "id"} if isinstance(item, dict) else item
+        for item in items
+    ]
+    digest = hashlib.sha256(wire.canonical([body.get("instructions"), content])).hexdigest()
     rng = random.Random(f"{seed}:{digest}")
     input_tokens = count_tokens(body)
     summary = summary_of(body)

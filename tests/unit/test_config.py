@@ -62,6 +62,10 @@ def test_env_aliases_and_generic_names() -> None:
         ("[upstream]\napi = 'grpc'\n", {}, "upstream.api must be one of"),
         ("[server]\nport = 70000\n", {}, "server.port must be between"),
         ("[cache]\nconnection_max_bytes = -1\n", {}, "must not be negative"),
+        ("[sidecar]\nupstream = 'ws://x/v1'\n", {}, "sidecar.upstream must start with"),
+        ("[sidecar]\nport = 70000\n", {}, "sidecar.port must be between"),
+        ("[sidecar]\nmax_connections = 0\n", {}, "sidecar.max_connections must be at least 1"),
+        ("", {"WSMODE_SIDECAR_IDLE_TIMEOUT": "-1"}, "must not be negative"),
     ],
 )
 def test_bad_config_is_an_error(
@@ -71,6 +75,14 @@ def test_bad_config_is_an_error(
     path.write_text(text)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_settings(path, env)
+
+
+def test_sidecar_settings_from_env_and_flags() -> None:
+    env = {"WSMODE_SIDECAR_UPSTREAM": "https://api.example.com/v1", "WSMODE_SIDECAR_PORT": "9"}
+    s = load_settings(None, env, {"sidecar.port": 9999, "sidecar.max_connections": 4})
+    assert s.sidecar.upstream == "https://api.example.com/v1"
+    assert s.sidecar.port == 9999 and s.sidecar.max_connections == 4
+    assert s.server.port == 8080  # `wsmode serve` settings are separate
 
 
 def test_unreadable_file(tmp_path: Path) -> None:

@@ -1,0 +1,154 @@
+"""`wsmode sidecar`: plain HTTP on localhost in, WebSocket mode to a remote server out.
+
+`POST /v1/responses` goes over a pooled upstream WebSocket, as a continuation carrying only
+the new items when the request continues a conversation the socket holds (see chains.py);
+every other request, and any request WebSocket mode cannot carry, is passed through over
+plain HTTP unchanged. `GET /healthz` reports the sidecar's state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from proxy.config import Settings, UpstreamSettings
+from proxy.core import wire
+from proxy.passthrough import relay_http
+from proxy.sidecar.chains import ChainMemory
+from proxy.sidecar.exchange import Exchange, UseHttp
+from proxy.sidecar.pool import SocketPool
+from proxy.upstream_http import UpstreamClient
+
+log = logging.getLogger("wsmode.sidecar")
+
+# The headers that say who is asking: sent on the upgrade, and what a socket and a chain
+# belong to. Only a hash of them is kept.
+CREDENTIAL_HEADERS = ("authorization", "openai-organization", "openai-project")
+
+
+def websocket_url(base: str) -> str:
+    """`https://host/v1` -> `wss://host/v1/responses` (the SDKs' own rule, PROTOCOL 1)."""
+    base = base.rstrip("/")
+    if base.startswith("https://"):
+        return "wss://" + base.removeprefix("https://") + "/responses"
+    return "ws://" + base.removeprefix("http://") + "/responses"
+
+
+def credential(headers: Mapping[str, str]) -> tuple[bytes, dict[str, str]]:
+    picked = {name: headers[name] for name in CREDENTIAL_HEADERS if name in headers}
+    digest = hashlib.blake2b(wire.canonical(picked), digest_size=16).digest()
+    return digest, picked
+
+
+@dataclass
+class SidecarState:
+    settings: Settings
+    http: UpstreamClient
+    pool: SocketPool
+    memory: ChainMemory
+    stats: Counter[str] = field(default_factory=Counter)
+
+
+SIDECAR = web.AppKey("wsmode_sidecar", SidecarState)
+
+
+async def _responses(request: web.Request) -> web.StreamResponse:
+    state = request.app[SIDECAR]
+    if request.method != "POST":
+        return await relay_http(request, state.http)
+    raw = await request.read()
+    try:
+        body = wire.loads(raw)
+    except wire.JSONDecodeError:
+        body = None
+    # what WebSocket mode cannot carry goes as it is, and the upstream answers in its own words
+    if not isinstance(body, dict) or body.get("background") is True:
+        return await _over_http(request, state, raw, "not a WebSocket-mode request")
+    if state.pool.websocket_refused():
+        return await _over_http(request, state, raw, "upstream refuses WebSocket mode")
+    cred, upgrade_headers = credential(request.headers)
+    exchange = Exchange(
+        request=request,
+        pool=state.pool,
+        memory=state.memory,
+        plan=state.memory.plan(cred, body),
+        stream=body.get("stream") is True,
+        upgrade_headers=upgrade_headers,
+        read_timeout=state.settings.sidecar.read_timeout,
+        stats=state.stats,
+    )
+    try:
+        return await exchange.run()
+    except UseHttp as exc:
+        return await _over_http(request, state, raw, str(exc))
+    except ConnectionResetError:  # the client left mid-stream; its upstream socket is closed
+        if exchange.response is None:
+            raise
+        return exchange.response
+
+
+async def _over_http(
+    request: web.Request, state: SidecarState, raw: bytes, why: str
+) -> web.StreamResponse:
+    log.info("POST /v1/responses over plain HTTP: %s", why)
+    state.stats["http"] += 1
+    return await relay_http(request, state.http, raw)
+
+
+async def _other(request: web.Request) -> web.StreamResponse:
+    return await relay_http(request, request.app[SIDECAR].http)
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    state = request.app[SIDECAR]
+    return web.json_response(
+        {
+            "status": "ok",
+            "mode": "sidecar",
+            "upstream": state.http.base_url,
+            "websocket_refused": state.pool.websocket_refused(),
+            "upstream_websockets": state.pool.open_count,
+            "chains": len(state.memory),
+        }
+    )
+
+
+def create_sidecar_app(settings: Settings) -> web.Application:
+    sc = settings.sidecar
+    if not sc.upstream:
+        raise ValueError("the sidecar needs an upstream URL")
+    app = web.Application(client_max_size=sc.max_request_bytes)
+    http_settings = UpstreamSettings(
+        url=sc.upstream,
+        connect_timeout=sc.connect_timeout,
+        read_timeout=sc.read_timeout,
+        max_connections=sc.max_http_connections,
+    )
+    app[SIDECAR] = SidecarState(
+        settings=settings,
+        http=UpstreamClient(sc.upstream, http_settings),
+        pool=SocketPool(websocket_url(sc.upstream), sc),
+        memory=ChainMemory(sc.max_credentials, sc.chains_per_credential),
+    )
+    app.cleanup_ctx.append(_lifecycle)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_route("*", "/v1/responses", _responses)
+    app.router.add_route("*", "/v1/{tail:.*}", _other)
+    return app
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    state = app[SIDECAR]
+    await state.http.start()
+    await state.pool.start()
+    log.info("sidecar: WebSocket mode to %s", state.pool.url)
+    try:
+        yield
+    finally:
+        await state.pool.close()
+        await state.http.close()

@@ -1,0 +1,155 @@
+"""One `POST /v1/responses` carried over an upstream WebSocket: the adapter around `Relay`.
+
+It picks the socket (the one holding the conversation's last response for a continuation,
+else a socket for a new conversation), sends the continuation or the full request, reads
+the socket (it is the socket's only reader while it holds it) and executes the relay's
+actions. Any `NoSocket` along the way sends the request over plain HTTP instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from proxy.core import wire
+from proxy.sidecar.chains import ChainMemory, Plan
+from proxy.sidecar.pool import NoSocket, SocketPool, UpstreamSocket
+from proxy.sidecar.relay import Action, Done, Relay, Reply, Resend, Retry, Write
+
+log = logging.getLogger("wsmode.sidecar")
+
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+_CLOSED = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
+
+
+class UseHttp(Exception):
+    """Send this request over plain HTTP."""
+
+
+@dataclass
+class Exchange:
+    request: web.Request
+    pool: SocketPool
+    memory: ChainMemory
+    plan: Plan
+    stream: bool  # the client's `stream`; it never goes on the socket (PROTOCOL 2.1)
+    upgrade_headers: Mapping[str, str]
+    read_timeout: float
+    stats: Counter[str]
+    relay: Relay = field(init=False)
+    response: web.StreamResponse | None = None  # the SSE answer, once started
+    reply: Reply | None = None
+    done: Done | None = None
+
+    def __post_init__(self) -> None:
+        self.relay = Relay(stream=self.stream, client_previous_id=self.plan.client_previous_id)
+
+    async def run(self) -> web.StreamResponse:
+        """The answer; raises `UseHttp` when the request must go over plain HTTP."""
+        try:
+            sock, delta = await self._first_socket()
+        except NoSocket as exc:
+            raise UseHttp(str(exc)) from exc
+        keep = False
+        try:
+            while True:
+                self.relay.begin(delta=delta)
+                self.stats["delta" if delta else "full"] += 1
+                body = self.plan.delta() if delta else self.plan.full
+                retry = await self._attempt(sock, body)
+                if retry is None:
+                    break
+                self.stats[f"retry_{retry.value}"] += 1
+                if retry is Resend.FULL:  # the upstream lost the parent: full, same socket
+                    self.memory.forget(self.plan)
+                    delta = False
+                    continue
+                self.pool.release(sock, keep=False)
+                if retry is Resend.HTTP:
+                    raise UseHttp("the upstream WebSocket failed twice")
+                delta = False
+                try:
+                    sock = await self.pool.acquire(self.plan.credential, self.upgrade_headers)
+                except NoSocket as exc:
+                    raise UseHttp(str(exc)) from exc
+            assert self.done is not None
+            keep = self.done.keep_socket
+            relay = self.relay
+            if self.done.outcome in ("completed", "incomplete") and relay.response_id:
+                self.memory.record(self.plan, relay.response_id, sock.serial, relay.output)
+                sock.last_response_id = relay.response_id
+            return await self._answer()
+        finally:
+            self.pool.release(sock, keep)
+
+    async def _first_socket(self) -> tuple[UpstreamSocket, bool]:
+        plan, pool = self.plan, self.pool
+        if plan.parent is not None:
+            sock = pool.take_holder(plan.credential, plan.parent.response_id, plan.parent.socket)
+            if sock is not None:
+                return sock, True
+        elif plan.client_previous_id is not None:
+            # forwarded as it is, preferably on the socket whose cache holds that response
+            sock = pool.take_holder(plan.credential, plan.client_previous_id)
+            if sock is not None:
+                return sock, False
+        return await pool.acquire(plan.credential, self.upgrade_headers), False
+
+    async def _attempt(self, sock: UpstreamSocket, body: dict[str, Any]) -> Resend | None:
+        frame = wire.dumps({"type": "response.create", **body})
+        try:
+            await sock.ws.send_frame(frame, WSMsgType.TEXT)
+        except (ConnectionError, RuntimeError):
+            return await self._execute(self.relay.closed())
+        while True:
+            try:
+                msg = await sock.ws.receive(timeout=self.read_timeout or None)
+            except TimeoutError:
+                actions = self.relay.timed_out(self.read_timeout)
+            else:
+                if msg.type is WSMsgType.TEXT:
+                    actions = self.relay.frame(msg.data)
+                elif msg.type in _CLOSED:
+                    actions = self.relay.closed()
+                elif msg.type is WSMsgType.BINARY:
+                    actions = self.relay.invalid("the upstream sent a binary frame")
+                elif msg.type is WSMsgType.ERROR:
+                    actions = self.relay.invalid(f"WebSocket error from the upstream: {msg.data}")
+                else:
+                    continue
+            outcome = await self._execute(actions)
+            if outcome is not None or self.done is not None:
+                return outcome
+
+    async def _execute(self, actions: list[Action]) -> Resend | None:
+        for action in actions:
+            if isinstance(action, Write):
+                if self.response is None:
+                    response = web.StreamResponse(status=200, headers=SSE_HEADERS)
+                    await response.prepare(self.request)
+                    self.response = response
+                await self.response.write(action.data)
+            elif isinstance(action, Reply):
+                self.reply = action
+            elif isinstance(action, Done):
+                self.done = action
+            elif isinstance(action, Retry):
+                return action.how
+        return None
+
+    async def _answer(self) -> web.StreamResponse:
+        if self.response is not None:
+            await self.response.write_eof()
+            return self.response
+        assert self.reply is not None
+        return web.Response(
+            status=self.reply.status,
+            body=self.reply.body,
+            content_type="application/json",
+            headers=dict(self.reply.headers),
+        )
