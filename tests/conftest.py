@@ -1,6 +1,6 @@
 """Shared fixtures: the simulated model and the proxy on 127.0.0.1, real sockets only.
 
-Timeouts use one unit, scaled by WSMODE_TEST_TIME_SCALE on slow machines; they bound how
+Timeouts use one unit, scaled by TEST_TIME_SCALE on slow machines; they bound how
 long a broken test waits, they never assert speed.
 """
 
@@ -23,7 +23,7 @@ from proxy.sidecar.app import SIDECAR, SidecarState, create_sidecar_app
 from proxy.sim.app import SIM_STATE, SimSettings, SimState, create_sim_app
 from proxy.state import APP_STATE, AppState
 
-TIME_SCALE = float(os.environ.get("WSMODE_TEST_TIME_SCALE", "1"))
+TIME_SCALE = float(os.environ.get("TEST_TIME_SCALE", "1"))
 TERMINAL = {"response.completed", "response.failed", "response.incomplete", "error"}
 
 

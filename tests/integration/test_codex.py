@@ -1,6 +1,6 @@
 """Codex CLI, unmodified, over WebSocket mode (CLIENTS.md 2.6).
 
-Codex is a 400 MB npm package, so this runs only where it is installed: set WSMODE_CODEX_BIN
+Codex is a 400 MB npm package, so this runs only where it is installed: set CODEX_BIN
 to its `codex` binary (e.g. after `npm install @openai/codex@0.169.0`, node_modules/.bin/codex).
 """
 
@@ -17,8 +17,8 @@ import pytest
 
 from tests.conftest import seconds
 
-CODEX = os.environ.get("WSMODE_CODEX_BIN", "")
-pytestmark = pytest.mark.skipif(not CODEX, reason="set WSMODE_CODEX_BIN to run Codex CLI")
+CODEX = os.environ.get("CODEX_BIN", "")
+pytestmark = pytest.mark.skipif(not CODEX, reason="set CODEX_BIN to run Codex CLI")
 
 
 async def test_codex_exec_uses_websocket_mode(
