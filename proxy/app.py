@@ -16,9 +16,10 @@ from aiohttp import web
 from proxy.client_ws import ClientConnection
 from proxy.config import Settings
 from proxy.core.conversation import CacheBudget
-from proxy.core.dialects.responses import ResponsesDialect
+from proxy.core.dialects.auto import AutoDialect
 from proxy.core.session import SessionLimits, UpstreamPolicy
 from proxy.core.store import MemoryStore
+from proxy.dialect_setup import make_dialect, probe
 from proxy.http_front import create_response, delete_response, get_response, input_items
 from proxy.passthrough import passthrough
 from proxy.sim.app import create_sim_app
@@ -52,7 +53,7 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.server.max_message_bytes)
     budget = CacheBudget(settings.cache.process_max_entries, settings.cache.process_max_bytes)
     policy = UpstreamPolicy(
-        dialect=ResponsesDialect(),
+        dialect=make_dialect(settings),
         store=settings.upstream.store,
         native_previous_response_id=settings.upstream.native_previous_response_id,
     )
@@ -105,6 +106,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             state.upstream_url,
         )
     await state.upstream.start()
+    if isinstance(state.policy.dialect, AutoDialect):
+        await probe(state.upstream, state.policy.dialect)
     log.info("upstream %s (%s dialect)", state.upstream_url, state.policy.dialect.name)
     try:
         yield

@@ -194,6 +194,14 @@ class Session:
         run = self._runs.get(run_id)
         if run is None:
             return []
+        # upstream.api = "auto": a 404/405 on /responses switches to Chat and resends
+        stream = run.stream
+        if not err.started and stream and self.policy.dialect.retry_elsewhere(err.status, stream):
+            try:
+                return [self._start_upstream(run)]
+            except ClientError as bad:
+                frame = self._error_frame(bad, run.req.lane)
+                return [Send(frame), Finished(run.id, None, "rejected"), *self._end(run)]
         if (
             run.native
             and not err.started
@@ -323,13 +331,18 @@ class Session:
                 ]
         if not req.generate:
             return self._warmup(run)
-        self._busy_lanes.add(req.lane)
         run.native = (
             self.policy.native_previous_response_id
             and run.parent is not None
             and run.parent.settings.get("store") is not False
         )
-        return [self._start_upstream(run)]
+        try:
+            start = self._start_upstream(run)
+        except ClientError as err:  # the dialect cannot express it (chat: strict_tools, ...)
+            del self._runs[run.id]
+            return [Send(self._error_frame(err, req.lane)), Finished(run.id, None, "rejected")]
+        self._busy_lanes.add(req.lane)
+        return [start]
 
     def _lookup(self, rid: str) -> CachedResponse | None:
         """PROTOCOL 4.2: the connection cache first, then the store (stored responses only)."""
@@ -342,7 +355,7 @@ class Session:
     def _start_upstream(self, run: Run) -> StartUpstream:
         req, dialect = run.req, self.policy.dialect
         patch = {"previous_response_id": req.previous_response_id, "store": req.store}
-        run.stream = dialect.translator(patch)
+        run.stream = dialect.translator(patch, req.body)
         run.state = RunState.UPSTREAM
         if run.native:
             assert run.parent is not None
