@@ -68,7 +68,8 @@ def map_usage(usage: dict[str, Any]) -> dict[str, Any]:
     return {
         "input_tokens": prompt,
         "input_tokens_details": {
-            "cached_tokens": num(usage.get("prompt_tokens_details"), "cached_tokens")
+            "cached_tokens": num(usage.get("prompt_tokens_details"), "cached_tokens"),
+            "cache_write_tokens": 0,  # Chat reports no cache writes; the SDK's schema needs it
         },
         "output_tokens": completion,
         "output_tokens_details": {

@@ -65,7 +65,8 @@ def fill_usage(usage: Any) -> dict[str, Any] | None:
     return {
         "input_tokens": inp,
         "input_tokens_details": {
-            "cached_tokens": num(usage.get("input_tokens_details"), "cached_tokens")
+            "cached_tokens": num(usage.get("input_tokens_details"), "cached_tokens"),
+            "cache_write_tokens": num(usage.get("input_tokens_details"), "cache_write_tokens"),
         },
         "output_tokens": out,
         "output_tokens_details": {
@@ -257,9 +258,8 @@ class ResponsesRepair:
                 code=code if isinstance(code, str) else "server_error",
             )
         out: list[bytes] = []
-        for item in up.get("output") or []:  # items only the final object carries
-            known = isinstance(item, dict) and isinstance(item.get("id"), str)
-            if known and b.streamed(item["id"], "arguments") is None:
+        for item in up.get("output") or []:  # items (or their tails) only the final object has
+            if isinstance(item, dict):
                 out += self._item_done(item)
         usage = fill_usage(up.get("usage"))
         status = "incomplete" if kind == "response.incomplete" else "completed"
