@@ -333,15 +333,44 @@ def test_custom_tool_call_history() -> None:
     assert msgs[1] == {"role": "tool", "tool_call_id": "c", "content": "done"}
 
 
-def test_history_translation_is_memoised_per_item_bytes() -> None:
-    dialect = ChatDialect()
-    history = [orjson.dumps(user(f"message {i}")) for i in range(50)]
-    first = b"".join(dialect.body({"model": "m"}, {}, history))
-    assert dialect.memo.misses == 50 and dialect.memo.hits == 0
-    turn = [*history, orjson.dumps(user("new"))]
-    second = b"".join(dialect.body({"model": "m"}, {}, turn))
-    assert dialect.memo.misses == 51 and dialect.memo.hits == 50
-    assert orjson.loads(second)["messages"][:50] == orjson.loads(first)["messages"]
+def _turns() -> list[list[bytes]]:
+    """Item lists of a chained tool loop; each turn's list starts with its parent's objects.
+    Turn boundaries fall inside an assistant turn (after a function_call, before its output)."""
+    turns, items = [], [orjson.dumps(user("go"))]
+    for k in range(6):
+        call = {"type": "function_call", "call_id": f"c{k}", "name": "f", "arguments": "{}"}
+        text = {"type": "message", "role": "assistant", "content": f"step {k}"}
+        items = [*items, orjson.dumps(text), orjson.dumps(call)]  # the output
+        turns.append(items)
+        out = {"type": "function_call_output", "call_id": f"c{k}", "output": str(k)}
+        items = [*items, orjson.dumps(out)]  # the next input
+        turns.append(items)
+    return turns
+
+
+def test_history_translation_is_memoised_per_item_and_resumed_per_conversation() -> None:
+    memo_on, memo_off = ChatDialect(), ChatDialect(ChatOptions(memo_bytes=0))
+    for items in _turns():
+        fresh = b"".join(memo_off.body({"model": "m"}, {}, items))
+        assert b"".join(memo_on.body({"model": "m"}, {}, items)) == fresh
+    memo = memo_on.memo
+    assert memo.misses == 1 + 6 * 3  # every item parsed once
+    assert memo.resumed == 11 and memo.hits == 0  # every turn walked only its new items
+    assert memo.checkpoints == 1  # a chain holds one checkpoint
+
+
+def test_forks_and_retries_translate_correctly() -> None:
+    dialect, fresh = ChatDialect(), ChatDialect(ChatOptions(memo_bytes=0))
+    parent = _turns()[3]
+    for child in ("a", "b", "a"):  # two forks of one parent, then a retry of the first
+        items = [*parent, orjson.dumps(user(child))]
+        got = b"".join(dialect.body({"model": "m"}, {}, items))
+        assert got == b"".join(fresh.body({"model": "m"}, {}, items))
+    # equal content in new bytes objects (a client resending its history) still hits per item
+    copies = [bytes(bytearray(i)) for i in parent]
+    before = dialect.memo.hits
+    b"".join(dialect.body({"model": "m"}, {}, copies))
+    assert dialect.memo.hits - before == len(parent)
 
 
 def test_memo_is_bounded_by_bytes() -> None:
@@ -350,8 +379,15 @@ def test_memo_is_bounded_by_bytes() -> None:
     items = [orjson.dumps(user(f"{i:03d}" + "x" * 90)) for i in range(30)]
     b"".join(dialect.body({"model": "m"}, {}, items))
     assert memo.nbytes <= 1000 and 0 < len(memo) < 30
+    assert memo.checkpoints == 0  # the 3 kB conversation does not fit: never held
     assert memo.nbytes == sum(len(k) + len(v.data) for k, v in memo._lru.items())
     assert memo.get(items[-1]) is not None and memo.get(items[0]) is None  # LRU order
     huge = orjson.dumps(user("y" * 5000))
     b"".join(dialect.body({"model": "m"}, {}, [huge]))
     assert memo.get(huge) is None and memo.nbytes <= 1000  # larger than the budget: not held
+    small = ChatDialect(ChatOptions(memo_bytes=10_000))
+    for items in _turns():
+        b"".join(small.body({"model": "m"}, {}, items))
+        charged = sum(len(k) + len(v.data) for k, v in small.memo._lru.items())
+        charged += sum(cp.nbytes for cp in small.memo._cps.keys())  # noqa: SIM118 (an LRU)
+        assert small.memo.nbytes == charged <= 10_000

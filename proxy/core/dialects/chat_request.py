@@ -21,16 +21,17 @@ turns such names back into `name` + `namespace`. Hosted tools are dropped (DEBUG
 rejected with `unsupported_value` when `strict_tools` is set.
 
 Cost: the conversation cache holds each item as the bytes of its JSON, and the same bytes
-objects come back on every turn. Each item's translation is memoised under those bytes
-(`TranslationMemo`, a byte-bounded LRU), so a continuation parses and translates only its new
-items; the rest is a dictionary lookup (the bytes object caches its hash) and a join.
+objects come back on every turn. `TranslationMemo` keeps each item's translation under those
+bytes (the bytes object caches its hash) and a checkpoint of each conversation's assembled
+messages, so a continuation parses, translates and walks only its new items; the rest is an
+identity comparison and a join (bench/chat_translation.py measures it).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lru import LRU
@@ -70,18 +71,47 @@ class Piece:
 _SKIP = Piece(SKIP, b"")
 
 
-class TranslationMemo:
-    """Item bytes -> Piece, least recently used first out, bounded by bytes held.
+@dataclass(slots=True)
+class Assembly:
+    """The message list being built: finished messages, and the assistant turn still open
+    (text, tool calls and reasoning that later items may still join)."""
 
-    The key bytes are counted too: holding a key keeps the item alive after the conversation
-    cache dropped it, so it must be paid for here."""
+    out: list[bytes]
+    text: bytes | None = None
+    calls: list[bytes] = field(default_factory=list)
+    reasoning: list[bytes] = field(default_factory=list)
+
+    def copy(self) -> Assembly:
+        return Assembly(list(self.out), self.text, list(self.calls), list(self.reasoning))
+
+
+@dataclass(slots=True, eq=False)
+class Checkpoint:
+    prefix: tuple[bytes, ...]  # the items translated, the very bytes objects
+    state: Assembly  # the assembly after them, before the final flush
+    nbytes: int  # bytes of the prefix's items, what the checkpoint is charged
+
+
+class TranslationMemo:
+    """Translations kept between turns, least recently used first out, bounded by bytes.
+
+    Two layers share the budget. Per item: item bytes -> Piece, so an item is parsed and
+    translated once. Per conversation: a `Checkpoint` of the assembly after a body's items,
+    found again when the next body starts with the same bytes objects (a continuation is its
+    parent's items plus new ones), so a turn walks only its new items; the prefix is compared
+    by identity at C speed. A resumed checkpoint is replaced by the longer one, so a chain
+    holds one. Charges: an item entry its key and translation, a checkpoint its prefix's
+    bytes (it keeps those items alive). Checkpoints are evicted before items."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.nbytes = 0
         self.hits = 0
         self.misses = 0
+        self.resumed = 0  # bodies that started from a checkpoint
         self._lru: Any = LRU(_UNBOUNDED)
+        self._cps: Any = LRU(_UNBOUNDED)  # Checkpoint -> True, least recently used last
+        self._by_first: dict[bytes, list[Checkpoint]] = {}
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -103,6 +133,47 @@ class TranslationMemo:
             self.nbytes -= len(key) + len(old.data)
         self._lru[key] = piece
         self.nbytes += size
+        self._shrink()
+
+    def resume(self, items: list[bytes]) -> Checkpoint | None:
+        """The longest checkpoint whose prefix the items start with, taken out of the memo."""
+        if not items:
+            return None
+        best: Checkpoint | None = None
+        for cp in self._by_first.get(items[0], ()):
+            n = len(cp.prefix)
+            longer = best is None or n > len(best.prefix)
+            ends_alike = longer and n <= len(items) and items[n - 1] is cp.prefix[-1]
+            if ends_alike and tuple(items[:n]) == cp.prefix:  # identity per item: C speed
+                best = cp
+        if best is not None:
+            self._drop(best)
+            self.resumed += 1
+        return best
+
+    def checkpoint(self, cp: Checkpoint) -> None:
+        if not cp.prefix or cp.nbytes > self.max_bytes:
+            return
+        self._cps[cp] = True
+        self._by_first.setdefault(cp.prefix[0], []).append(cp)
+        self.nbytes += cp.nbytes
+        self._shrink()
+
+    @property
+    def checkpoints(self) -> int:
+        return len(self._cps)
+
+    def _drop(self, cp: Checkpoint) -> None:
+        del self._cps[cp]
+        siblings = self._by_first[cp.prefix[0]]
+        siblings.remove(cp)
+        if not siblings:
+            del self._by_first[cp.prefix[0]]
+        self.nbytes -= cp.nbytes
+
+    def _shrink(self) -> None:
+        while self.nbytes > self.max_bytes and len(self._cps):
+            self._drop(self._cps.peek_last_item()[0])
         while self.nbytes > self.max_bytes and len(self._lru):
             k, v = self._lru.peek_last_item()
             del self._lru[k]
@@ -280,32 +351,13 @@ def messages(
     instructions: str | None = None,
 ) -> list[bytes]:
     """The `messages` array's elements, each serialised, in order."""
-    out: list[bytes] = []
-    if instructions:
-        out.append(wire.dumps({"role": opts.system_role, "content": instructions}))
-    reasoning: list[bytes] = []
-    text: bytes | None = None
-    calls: list[bytes] = []
-
-    def flush() -> None:
-        nonlocal text
-        if text is None and not calls:
-            reasoning.clear()  # reasoning that led to no answer is not a turn of its own
-            return
-        head = [b'{"role":"assistant","content":', text if text is not None else b'""']
-        if calls:
-            head += [b',"tool_calls":[', b",".join(calls), b"]"]
-        if reasoning and opts.reasoning != "drop":
-            field = wire.dumps(opts.reasoning)
-            joined = reasoning[0] if len(reasoning) == 1 else _join_strings(reasoning)
-            head += [b",", field, b":", joined]
-        head.append(b"}")
-        out.append(b"".join(head))
-        text = None
-        calls.clear()
-        reasoning.clear()
-
-    for raw in items:
+    items = items if isinstance(items, list) else list(items)
+    start, state, nbytes = 0, Assembly([]), 0
+    cp = memo.resume(items) if memo is not None else None
+    if cp is not None:
+        start, state, nbytes = len(cp.prefix), cp.state, cp.nbytes
+    for raw in items[start:]:
+        nbytes += len(raw)
         piece = memo.get(raw) if memo is not None else None
         if piece is None:
             piece = translate_item(wire.loads(raw), opts)
@@ -313,20 +365,44 @@ def messages(
                 memo.put(raw, piece)
         kind = piece.kind
         if kind == CALL:
-            calls.append(piece.data)
+            state.calls.append(piece.data)
         elif kind == TEXT:
-            if text is not None or calls:
-                flush()
-            text = piece.data
+            if state.text is not None or state.calls:
+                _flush(state, opts)
+            state.text = piece.data
         elif kind == REASONING:
-            if text is not None or calls:
-                flush()
-            reasoning.append(piece.data)
+            if state.text is not None or state.calls:
+                _flush(state, opts)
+            state.reasoning.append(piece.data)
         elif kind == MESSAGE:
-            flush()
-            out.append(piece.data)
-    flush()
-    return out
+            _flush(state, opts)
+            state.out.append(piece.data)
+    if memo is not None and items:
+        memo.checkpoint(Checkpoint(tuple(items), state.copy(), nbytes))
+    _flush(state, opts)
+    if instructions:
+        return [wire.dumps({"role": opts.system_role, "content": instructions}), *state.out]
+    return state.out
+
+
+def _flush(state: Assembly, opts: ChatOptions) -> None:
+    """Close the open assistant turn into one message: content, tool_calls, reasoning."""
+    if state.text is None and not state.calls:
+        state.reasoning.clear()  # reasoning that led to no answer is not a turn of its own
+        return
+    head = [b'{"role":"assistant","content":', state.text if state.text is not None else b'""']
+    if state.calls:
+        head += [b',"tool_calls":[', b",".join(state.calls), b"]"]
+    if state.reasoning and opts.reasoning != "drop":
+        field_name = wire.dumps(opts.reasoning)
+        reasoning = state.reasoning
+        joined = reasoning[0] if len(reasoning) == 1 else _join_strings(reasoning)
+        head += [b",", field_name, b":", joined]
+    head.append(b"}")
+    state.out.append(b"".join(head))
+    state.text = None
+    state.calls = []
+    state.reasoning = []
 
 
 def _join_strings(parts: list[bytes]) -> bytes:
