@@ -4,7 +4,7 @@ wsmode over WebSocket mode. Protocol properties are asserted, never the model's 
 The server and model come from ../shared/upstreams: the fixture installs them into
 `.upstreams/llamacpp` (gitignored) when missing, about 10 s plus the model download, then
 starts the server on a free loopback port. Without ../shared the tests skip, unless
-WSMODE_REQUIRE_LLAMACPP is set (CI sets it), when they fail.
+REQUIRE_LLAMACPP_UPSTREAM is set (CI sets it), when they fail.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tests.event_checks import check_sequence
 
 pytestmark = pytest.mark.llamacpp
 
-CACHE = Path(os.environ.get("WSMODE_UPSTREAMS_DIR", ROOT / ".upstreams")) / "llamacpp"
+CACHE = Path(os.environ.get("LLAMACPP_UPSTREAM_DIR", ROOT / ".upstreams")) / "llamacpp"
 MODEL = CACHE / "models" / "gemma-3-270m-q4_k_m.gguf"
 PYTHON = CACHE / "venv" / "bin" / "python"
 START_TIMEOUT = 180.0  # seconds to install (first run only) is separate; this bounds the start
@@ -48,7 +48,7 @@ def llamacpp() -> Iterator[str]:
     """The base URL (…/v1) of a running llama.cpp server."""
     if not (SHARED_UPSTREAMS / "setup_llamacpp_upstream.sh").exists():
         message = f"{SHARED_UPSTREAMS} is missing: the real llama.cpp upstream cannot be set up"
-        if os.environ.get("WSMODE_REQUIRE_LLAMACPP"):
+        if os.environ.get("REQUIRE_LLAMACPP_UPSTREAM"):
             pytest.fail(message)
         pytest.skip(message)
     if not _installed():
