@@ -214,7 +214,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 def create_sim_app(
     settings: SimSettings | None = None, *, responses: bool = True
 ) -> web.Application:
-    """`responses=False` leaves out POST /v1/responses: a Chat-only server, as Ollama is."""
+    """`responses=False` leaves out POST /v1/responses: a Chat-only server."""
     app = web.Application(client_max_size=1024**3, middlewares=[_record_headers])
     app[SIM_STATE] = SimState(settings or SimSettings())
     if responses:
