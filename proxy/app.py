@@ -18,9 +18,10 @@ from proxy.compact_front import compact_response
 from proxy.config import Settings
 from proxy.context_app import build_context, tokenizer_lifecycle
 from proxy.core.conversation import CacheBudget
-from proxy.core.dialects.responses import ResponsesDialect
+from proxy.core.dialects.auto import AutoDialect
 from proxy.core.session import SessionLimits, UpstreamPolicy
 from proxy.core.store import MemoryStore
+from proxy.dialect_setup import make_dialect, probe
 from proxy.http_front import create_response, delete_response, get_response, input_items
 from proxy.passthrough import passthrough
 from proxy.sim.app import create_sim_app
@@ -54,7 +55,7 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.server.max_message_bytes)
     budget = CacheBudget(settings.cache.process_max_entries, settings.cache.process_max_bytes)
     policy = UpstreamPolicy(
-        dialect=ResponsesDialect(),
+        dialect=make_dialect(settings),
         store=settings.upstream.store,
         native_previous_response_id=settings.upstream.native_previous_response_id,
     )
@@ -112,6 +113,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             state.upstream_url,
         )
     await state.upstream.start()
+    if isinstance(state.policy.dialect, AutoDialect):
+        await probe(state.upstream, state.policy.dialect)
     log.info("upstream %s (%s dialect)", state.upstream_url, state.policy.dialect.name)
     try:
         yield

@@ -49,7 +49,7 @@ async def compact_response(request: web.Request) -> web.StreamResponse:
         result = None
         if prep.cut is not None:
             dialect = state.policy.dialect
-            action = context.summary_action(0, prep, req.model, dialect.path, req.instructions)
+            action = context.summary_action(0, prep, req.model, dialect, req.instructions)
             headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
             max_event = state.settings.upstream.max_event_bytes
             result = await run_summary(state.upstream, dialect, action, headers, max_event)

@@ -52,6 +52,26 @@ class UpstreamSettings:
     context_window: int = 0  # tokens; 0 = unknown (no truncation, no overflow check)
 
 
+# ---- [chat]: the Chat Completions dialect (issue 3) ----
+@dataclass(frozen=True, slots=True)
+class ChatSettings:
+    system_role: str = "system"  # or "developer": the role `instructions` are sent in
+    reasoning: str = "drop"  # or the Chat field reasoning items go in: reasoning_content, reasoning
+    strict_tools: bool = False  # reject hosted tools instead of dropping them
+    translation_cache_bytes: int = 128 * MiB  # memo of translated history items
+
+    def __post_init__(self) -> None:
+        if self.system_role not in ("system", "developer"):
+            raise ConfigError("chat.system_role must be system or developer")
+        if self.reasoning not in ("drop", "reasoning_content", "reasoning"):
+            raise ConfigError("chat.reasoning must be drop, reasoning_content or reasoning")
+        if self.translation_cache_bytes < 0:
+            raise ConfigError("translation_cache_bytes must not be negative")
+
+
+# ---- end [chat] ----
+
+
 @dataclass(frozen=True, slots=True)
 class CacheSettings:
     connection_max_entries: int = 1024
@@ -126,6 +146,7 @@ class Settings:
     compaction: CompactionSettings = field(default_factory=CompactionSettings)
     sim: SimSettings = field(default_factory=SimSettings)
     sidecar: SidecarSettings = field(default_factory=SidecarSettings)
+    chat: ChatSettings = field(default_factory=ChatSettings)
 
 
 # Short environment names for the flags of `wsmode serve`.
@@ -134,7 +155,7 @@ ENV_ALIASES = {
     "WSMODE_PORT": ("server", "port"),
     "WSMODE_UPSTREAM": ("upstream", "url"),
 }
-API_CHOICES = ("responses",)
+API_CHOICES = ("responses", "chat", "auto")
 
 
 def _sections() -> dict[str, type[Any]]:
@@ -226,6 +247,8 @@ def load_settings(
 def _validate(s: Settings) -> None:
     if s.upstream.api not in API_CHOICES:
         raise ConfigError(f"upstream.api must be one of {', '.join(API_CHOICES)}")
+    if s.upstream.native_previous_response_id and s.upstream.api != "responses":
+        raise ConfigError("upstream.native_previous_response_id needs upstream.api = responses")
     if s.upstream.url and not s.upstream.url.startswith(("http://", "https://")):
         raise ConfigError("upstream.url must start with http:// or https://")
     if not 0 <= s.server.port <= 65535:

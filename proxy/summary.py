@@ -32,7 +32,7 @@ async def run_summary(
 ) -> SummaryResult:
     """Raises UpstreamError when the upstream fails or ends without a terminal event."""
     decoder = SSEDecoder(max_event_bytes)
-    stream = dialect.translator({})
+    stream = dialect.translator({}, {"model": "", "store": False})
     try:
         async with upstream.stream(action.path, b"".join(action.body), headers) as chunks:
             async for chunk in chunks:

@@ -55,9 +55,10 @@ from proxy.core.compaction import (
     transcript,
 )
 from proxy.core.conversation import CachedResponse, Segment
+from proxy.core.dialects import Dialect
 from proxy.core.errors import ClientError, UpstreamError, invalid, wrong_type
 from proxy.core.managed_stream import usage_of
-from proxy.core.request import CreateRequest, upstream_body
+from proxy.core.request import CreateRequest
 from proxy.core.sealing import Sealer
 from proxy.core.tokens import TokenEstimator
 
@@ -376,7 +377,12 @@ class ContextManager:
     # ------------------------------------------------------------ compaction
 
     def summary_action(
-        self, run_id: int, prep: Prepared, model: str, path: str, instructions: str | None = None
+        self,
+        run_id: int,
+        prep: Prepared,
+        model: str,
+        dialect: Dialect,
+        instructions: str | None = None,
     ) -> Summarise:
         """The summarising request for a planned compaction (`prep.cut` set)."""
         assert prep.cut is not None
@@ -400,7 +406,7 @@ class ContextManager:
         text = "\n\n".join(t for t in (text, transcript(prep.items[start:cut])) if t)
         settings, items = summary_request(model, text, max_out)
         return Summarise(
-            run_id, upstream_body(settings, {"stream": True, "store": False}, items), path
+            run_id, dialect.body(settings, {"stream": True, "store": False}, items), dialect.path
         )
 
     def compacted(

@@ -51,7 +51,7 @@ def add_usage(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def usage_of(input_tokens: int, output_tokens: int) -> dict[str, Any]:
     return {
         "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": input_tokens + output_tokens,
@@ -75,6 +75,10 @@ class ManagedStream:
         self._last_sent = -1  # sequence number of the last event sent before it
         self._shift = 0
         self._final: dict[str, Any] | None = None
+
+    @property
+    def inner(self) -> StreamTranslator:
+        return self._inner
 
     # the StreamTranslator protocol
 

@@ -233,6 +233,16 @@ class Session:
         run = self._runs.get(run_id)
         if run is None:
             return []
+        # upstream.api = "auto": a 404/405 on /responses switches to Chat and resends
+        stream = run.stream
+        if isinstance(stream, ManagedStream):
+            stream = stream.inner  # the dialect's own translator tells where it was sent
+        if not err.started and stream and self.policy.dialect.retry_elsewhere(err.status, stream):
+            try:
+                return [self._start_upstream(run)]
+            except ClientError as bad:
+                frame = self._error_frame(bad, run.req.lane)
+                return [Send(frame), Finished(run.id, None, "rejected"), *self._end(run)]
         if (
             run.native
             and not err.started
@@ -377,13 +387,19 @@ class Session:
                 return [Send(self._error_frame(err, req.lane)), Finished(run.id, None, "rejected")]
             if run.context.jobs:
                 out.append(CountTokens(run.context.jobs))
-        self._busy_lanes.add(req.lane)
         if run.context is not None and run.context.cut is not None:
             assert self.context is not None
+            self._busy_lanes.add(req.lane)
             run.state = RunState.COMPACTING
-            path = self.policy.dialect.path
-            return [*out, self.context.summary_action(run.id, run.context, req.model, path)]
-        return [*out, self._start_upstream(run)]
+            dialect = self.policy.dialect
+            return [*out, self.context.summary_action(run.id, run.context, req.model, dialect)]
+        try:
+            start = self._start_upstream(run)
+        except ClientError as err:  # the dialect cannot express it (chat: strict_tools, ...)
+            del self._runs[run.id]
+            return [Send(self._error_frame(err, req.lane)), Finished(run.id, None, "rejected")]
+        self._busy_lanes.add(req.lane)
+        return [*out, start]
 
     def summary_done(self, run_id: int, result: SummaryResult) -> list[Action]:
         """The summarising request of a compaction finished: generate from the compacted
@@ -396,15 +412,15 @@ class Session:
             run.context = self.context.compacted(
                 run.context, result, self.owner, self.new_id("cmp")
             )
+            return [self._start_upstream(run)]
         except UpstreamError as err:
             return self._fail(run, err)
-        except ClientError as err:  # the compacted context still does not fit the window
+        except ClientError as err:  # the compacted context does not fit, or cannot be sent
             return [
                 Send(self._error_frame(err, run.req.lane)),
                 Finished(run.id, None, "rejected"),
                 *self._end(run),
             ]
-        return [self._start_upstream(run)]
 
     def summary_failed(self, run_id: int, err: UpstreamError) -> list[Action]:
         run = self._runs.get(run_id)
@@ -423,7 +439,7 @@ class Session:
     def _start_upstream(self, run: Run) -> StartUpstream:
         req, dialect = run.req, self.policy.dialect
         patch = {"previous_response_id": req.previous_response_id, "store": req.store}
-        run.stream = dialect.translator(patch)
+        run.stream = dialect.translator(patch, req.body)
         run.state = RunState.UPSTREAM
         # an upstream that keeps state must store what the client stores, so that the next
         # turn can continue natively; a stateless one needs to store nothing

@@ -1,4 +1,4 @@
-"""The simulated model server: a stateless `POST /v1/responses` SSE endpoint.
+"""The simulated model server: stateless `POST /v1/responses` and `/v1/chat/completions`.
 
 Like the model servers wsmode fronts, it keeps no state: a `previous_response_id` gets the
 400 `previous_response_not_found` a stateless server gives, so any test that chains through
@@ -29,6 +29,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from proxy.core import wire
+from proxy.sim.chat import chat_completions
 from proxy.sim.events import response_events
 from proxy.sim.model import count_tokens, plan, tokenize
 
@@ -240,10 +241,19 @@ async def _record_headers(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
-def create_sim_app(settings: SimSettings | None = None) -> web.Application:
+async def _chat(request: web.Request) -> web.StreamResponse:
+    return await chat_completions(request, request.app[SIM_STATE])
+
+
+def create_sim_app(
+    settings: SimSettings | None = None, *, responses: bool = True
+) -> web.Application:
+    """`responses=False` leaves out POST /v1/responses: a Chat-only server."""
     app = web.Application(client_max_size=1024**3, middlewares=[_record_headers])
     app[SIM_STATE] = SimState(settings or SimSettings())
-    app.router.add_post("/v1/responses", _responses)
+    if responses:
+        app.router.add_post("/v1/responses", _responses)
+    app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/sim/faults", _faults)

@@ -73,7 +73,7 @@ def response_events(body: dict[str, Any], plan: Plan) -> Iterator[dict[str, Any]
         output_tokens = len(plan.tokens)
     usage = {
         "input_tokens": plan.input_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": plan.input_tokens + output_tokens,

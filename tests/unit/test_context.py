@@ -15,6 +15,7 @@ from proxy.core.context import (
     SummaryResult,
 )
 from proxy.core.conversation import EMPTY, CachedResponse, Segment
+from proxy.core.dialects.responses import ResponsesDialect
 from proxy.core.errors import ClientError, UpstreamError
 from proxy.core.request import CreateRequest, parse_create
 from proxy.core.sealing import Sealer
@@ -301,7 +302,7 @@ def test_over_the_threshold_plans_a_cut_keeping_head_and_recent_tail() -> None:
     assert items[prep.cut]["role"] == "user"  # the tail starts a turn
     assert sum(prep.counts[prep.cut :]) <= 500
     assert prep.cut <= prep.new_start == len(items) - 1
-    action = m.summary_action(7, prep, "m", "/responses")
+    action = m.summary_action(7, prep, "m", ResponsesDialect())
     body = orjson.loads(b"".join(action.body))
     assert action.run_id == 7 and action.path == "/responses"
     assert body["stream"] is True and body["store"] is False and body["model"] == "m"
@@ -363,7 +364,7 @@ def test_summary_request_is_bounded_by_the_window() -> None:
         long_chain(9), request([user("n")], context_management=cm, truncation="auto"), OWNER
     )
     assert prep.cut is not None
-    action = m.summary_action(1, prep, "m", "/responses")
+    action = m.summary_action(1, prep, "m", ResponsesDialect())
     body = orjson.loads(b"".join(action.body))
     text = body["input"][0]["content"][0]["text"]
     assert len(text) < 5000 - 500 and "earlier items omitted" in text

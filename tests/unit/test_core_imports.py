@@ -1,4 +1,6 @@
-"""proxy/core/ stays sans-I/O: no event loop, network, metrics, CLI, logging or clock imports.
+"""proxy/core/ stays sans-I/O: no event loop, network, metrics, CLI or clock imports, and no
+logging configuration (modules may log through `logging.getLogger`, as the DEBUG notes of the
+Chat translation do; handlers, levels and formats belong to the command line).
 
 The scan reads the source with `ast` (nothing is imported), so it also covers imports inside
 functions, `if TYPE_CHECKING:` blocks and `__import__`/`importlib.import_module` calls with a
@@ -20,11 +22,24 @@ FORBIDDEN = frozenset(
         "websockets",
         "prometheus_client",
         "click",
-        "logging",
         "time",
         "socket",
     }
 )
+
+
+LOGGING_CONFIG = frozenset({"basicConfig", "addHandler", "setLevel", "dictConfig", "fileConfig"})
+
+
+def logging_config_calls(source: str) -> list[str]:
+    """`lineno: name` for every call that configures logging."""
+    return [
+        f"{node.lineno}: {node.func.attr}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in LOGGING_CONFIG
+    ]
 
 
 def forbidden_imports(source: str) -> list[str]:
@@ -64,7 +79,14 @@ def test_core_files_are_found() -> None:
 
 @pytest.mark.parametrize("path", CORE_FILES, ids=lambda p: p.relative_to(CORE).as_posix())
 def test_core_module_has_no_io_imports(path: Path) -> None:
-    assert forbidden_imports(path.read_text(encoding="utf-8")) == []
+    source = path.read_text(encoding="utf-8")
+    assert forbidden_imports(source) == []
+    assert logging_config_calls(source) == []
+
+
+def test_scanner_catches_logging_configuration() -> None:
+    assert len(logging_config_calls("import logging\nlogging.basicConfig(level=10)")) == 1
+    assert logging_config_calls("log = logging.getLogger(__name__)\nlog.debug('x')") == []
 
 
 @pytest.mark.parametrize(
@@ -76,7 +98,7 @@ def test_core_module_has_no_io_imports(path: Path) -> None:
         "from websockets.asyncio.client import connect",
         "from prometheus_client import Counter",
         "import click as c",
-        "def f():\n    import logging",
+        "def f():\n    import time",
         "from time import monotonic",
         "if TYPE_CHECKING:\n    import aiohttp",
         "__import__('time')",

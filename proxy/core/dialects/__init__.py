@@ -3,7 +3,9 @@
 A dialect turns the proxy's rebuilt request into the upstream's HTTP body, and follows the
 upstream's SSE stream with a `StreamTranslator` that yields the canonical Responses events to
 forward (as JSON bytes, without `stream_id`) and, at the end, the outcome and output items to
-cache. `responses` is a near pass-through; `chat` (Chat Completions) rebuilds every event.
+cache. `responses` is a near pass-through (it rebuilds a poor upstream's stream, see
+`repair`); `chat` (Chat Completions) rebuilds every event; `auto` picks one of the two once
+per upstream.
 """
 
 from __future__ import annotations
@@ -52,11 +54,25 @@ class StreamTranslator(Protocol):
 
 
 class Dialect(Protocol):
-    name: str
-    path: str  # appended to the upstream base URL
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def path(self) -> str:
+        """Appended to the upstream base URL."""
+        ...
 
     def body(
         self, settings: dict[str, Any], extra: dict[str, Any], items: list[bytes]
     ) -> list[bytes]: ...
 
-    def translator(self, patch: dict[str, Any]) -> StreamTranslator: ...
+    def translator(self, patch: dict[str, Any], request: dict[str, Any]) -> StreamTranslator:
+        """A translator for one response. `request` is the create as the client sent it (for
+        complete response objects); `patch` holds fields to set on every response object."""
+        ...
+
+    def retry_elsewhere(self, status: int, stream: StreamTranslator) -> bool:
+        """The upstream refused the request before streaming (HTTP `status`). True when the
+        dialect switched endpoints (auto: 404/405 on /responses) and the request should be
+        rebuilt and sent again."""
+        ...

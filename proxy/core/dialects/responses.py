@@ -10,15 +10,21 @@ upstream that omits `event:` lines costs one parse per event.
 The first terminal event ends the response; a trailing `data: [DONE]` is ignored. If the
 terminal response object arrives with an empty `output` while items were streamed, the
 streamed items are filled in, because SDK helpers read only `response.completed.output`.
+
+A poor upstream stream (llama.cpp's: its first event has no `sequence_number`) is detected on
+that first event and rebuilt, event by event, by `repair.ResponsesRepair`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from proxy.core import wire
+from proxy.core.dialects.repair import ResponsesRepair
 from proxy.core.errors import UpstreamError
 from proxy.core.events import TERMINAL_TYPES
+from proxy.core.ids import new_id as mint_id
 from proxy.core.request import upstream_body
 from proxy.core.sse import SSEEvent
 
@@ -51,17 +57,36 @@ def _seq_of(data: bytes) -> int | None:
 
 
 class ResponsesStream:
-    def __init__(self, patch: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        patch: dict[str, Any],
+        request: dict[str, Any] | None = None,
+        *,
+        clock: Callable[[], float] = lambda: 0.0,
+        new_id: Callable[[str], str] = mint_id,
+    ) -> None:
         self._patch = patch  # fields to set on every response object we forward
+        self._request = request or {}
+        self._clock = clock
+        self._new_id = new_id
+        self._first = True
+        self._repair: ResponsesRepair | None = None
+        self.on_first_event: Callable[[], None] | None = None  # auto: the endpoint works
         self.response_id: str | None = None
         self.response: dict[str, Any] | None = None
         self.outcome: str | None = None
         self.output: list[Any] = []
         self.last_seq = -1
-        self.open_items = 0
+        self._open = 0  # output_item.added not yet matched by .done
         self._items: dict[int, Any] = {}  # output_item.done items by output_index
 
+    @property
+    def open_items(self) -> int:
+        return self._repair.open_items if self._repair is not None else self._open
+
     def finished_items(self) -> list[Any]:
+        if self._repair is not None:
+            return self._repair.finished_items()
         return [self._items[k] for k in sorted(self._items)]
 
     def feed(self, event: SSEEvent) -> list[bytes]:
@@ -71,6 +96,8 @@ class ResponsesStream:
         if data == b"[DONE]":
             return []
         kind = event.event if event.event and event.event != "message" else None
+        if self._first or self._repair is not None:
+            return self._maybe_repair(data, kind)
         if kind is None or kind in _PARSED:
             return self._parsed(data, kind)
         stripped = data.strip()
@@ -82,20 +109,52 @@ class ResponsesStream:
         return [stripped]
 
     def eof(self) -> list[bytes]:
+        if self._repair is not None:
+            return self._repair.eof()
         if self.outcome is None:
             raise UpstreamError(
                 "upstream stream ended before a terminal event", started=True, code="server_error"
             )
         return []
 
-    def _parsed(self, data: bytes, kind: str | None) -> list[bytes]:
+    def _maybe_repair(self, data: bytes, kind: str | None) -> list[bytes]:
+        """The first event decides: without a `sequence_number` the stream is rebuilt."""
+        ev = self._decode(data, kind)
+        repair = self._repair
+        if self._first:
+            self._first = False
+            if self.on_first_event is not None:
+                self.on_first_event()
+            if ev["type"] != "error" and not isinstance(ev.get("sequence_number"), int):
+                repair = self._repair = ResponsesRepair(
+                    self._request, self._patch, clock=self._clock, new_id=self._new_id
+                )
+        if repair is None:
+            return self._parsed(data, kind, ev)
+        if ev["type"] == "error":
+            return self._error(ev)
+        out = repair.feed_event(ev)
+        self.response_id, self.response = repair.response_id, repair.response
+        self.outcome, self.output, self.last_seq = repair.outcome, repair.output, repair.last_seq
+        return out
+
+    @staticmethod
+    def _decode(data: bytes, kind: str | None) -> dict[str, Any]:
         try:
             ev = wire.loads(data)
         except wire.JSONDecodeError:
             raise UpstreamError("upstream sent an event that is not JSON", started=True) from None
         if not isinstance(ev, dict) or not isinstance(ev.get("type", kind), str):
             raise UpstreamError("upstream sent an event without a type", started=True)
-        kind = ev.setdefault("type", kind)
+        ev.setdefault("type", kind)
+        return ev
+
+    def _parsed(
+        self, data: bytes, kind: str | None, ev: dict[str, Any] | None = None
+    ) -> list[bytes]:
+        if ev is None:
+            ev = self._decode(data, kind)
+        kind = ev["type"]
         if kind == "error":  # never forwarded: its sequence number goes to our response.failed
             return self._error(ev)
         seq = ev.get("sequence_number")
@@ -104,10 +163,10 @@ class ResponsesStream:
         if kind not in _PARSED:
             return [wire.dumps(ev)]
         if kind == "response.output_item.added":
-            self.open_items += 1
+            self._open += 1
             return [data.strip()]
         if kind == "response.output_item.done":
-            self.open_items = max(0, self.open_items - 1)
+            self._open = max(0, self._open - 1)
             item, index = ev.get("item"), ev.get("output_index")
             if isinstance(item, dict):
                 self._items[index if isinstance(index, int) else len(self._items)] = item
@@ -152,5 +211,14 @@ class ResponsesDialect:
     ) -> list[bytes]:
         return upstream_body(settings, extra, items)
 
-    def translator(self, patch: dict[str, Any]) -> ResponsesStream:
-        return ResponsesStream(patch)
+    def __init__(
+        self, *, clock: Callable[[], float] = lambda: 0.0, new_id: Callable[[str], str] = mint_id
+    ) -> None:
+        self._clock = clock
+        self._new_id = new_id
+
+    def translator(self, patch: dict[str, Any], request: dict[str, Any]) -> ResponsesStream:
+        return ResponsesStream(patch, request, clock=self._clock, new_id=self._new_id)
+
+    def retry_elsewhere(self, status: int, stream: object) -> bool:
+        return False

@@ -1,0 +1,539 @@
+"""Responses request -> Chat Completions request (PROTOCOL 8.4, request side).
+
+Items become messages:
+
+- `instructions` -> a first `system` (or `developer`, configurable) message; `system` and
+  `developer` message items take the same role;
+- a `message` item -> a message of its role; text parts become a string (joined by a newline,
+  as vLLM joins text parts for string-only templates), `input_image` -> an `image_url` part,
+  `input_file` -> a `file` part, `input_audio` -> an `input_audio` part;
+- an assistant message followed by `function_call` items -> ONE assistant message with
+  `content` and `tool_calls` (Chat has no separate call items, and many chat templates reject
+  two assistant turns in a row); `function_call_output` -> a `tool` message;
+- `reasoning` items -> dropped, or sent as the next assistant message's reasoning field
+  (`reasoning_content` or `reasoning`, configurable);
+- hosted-tool items (web_search_call, ...) and compaction items -> dropped: a Chat upstream
+  cannot replay them.
+
+Tools: `function` tools -> `{"type": "function", "function": {...}}`; `namespace` tools are
+flattened to their functions, named `<namespace>__<function>`, and the stream translator
+turns such names back into `name` + `namespace`. Hosted tools are dropped (DEBUG log), or
+rejected with `unsupported_value` when `strict_tools` is set.
+
+Cost: the conversation cache holds each item as the bytes of its JSON, and the same bytes
+objects come back on every turn. `TranslationMemo` keeps each item's translation under those
+bytes (the bytes object caches its hash) and a checkpoint of each conversation's assembled
+messages, so a continuation parses, translates and walks only its new items; the rest is an
+identity comparison and a join (bench/chat_translation.py measures it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from lru import LRU
+
+from proxy.core import wire
+from proxy.core.errors import ClientError, invalid
+
+log = logging.getLogger("wsmode.chat")
+
+NAMESPACE_SEP = "__"
+SYSTEM_ROLES = ("system", "developer")
+REASONING_MODES = ("drop", "reasoning_content", "reasoning")
+_UNBOUNDED = 2**31 - 1  # lru-dict needs a size; the memo evicts by its own byte budget
+
+# Piece kinds: how one item contributes to the message list.
+MESSAGE = 0  # a complete message (user, system, tool)
+TEXT = 1  # assistant text: joins the assistant message being built
+CALL = 2  # one `tool_calls` entry of the assistant message being built
+REASONING = 3  # the reasoning field of the assistant message being built
+SKIP = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ChatOptions:
+    system_role: str = "system"  # the role of `instructions` and system/developer items
+    reasoning: str = "drop"  # "drop", or the Chat field reasoning items are sent in
+    strict_tools: bool = False  # reject tools a Chat upstream cannot run, instead of dropping
+    memo_bytes: int = 128 * 1024 * 1024  # bound of the per-item translation memo
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    kind: int
+    data: bytes  # serialised JSON: a message, a tool call, or a JSON string
+
+
+_SKIP = Piece(SKIP, b"")
+
+
+@dataclass(slots=True)
+class Assembly:
+    """The message list being built: finished messages, and the assistant turn still open
+    (text, tool calls and reasoning that later items may still join)."""
+
+    out: list[bytes]
+    text: bytes | None = None
+    calls: list[bytes] = field(default_factory=list)
+    reasoning: list[bytes] = field(default_factory=list)
+
+    def copy(self) -> Assembly:
+        return Assembly(list(self.out), self.text, list(self.calls), list(self.reasoning))
+
+
+@dataclass(slots=True, eq=False)
+class Checkpoint:
+    prefix: tuple[bytes, ...]  # the items translated, the very bytes objects
+    state: Assembly  # the assembly after them, before the final flush
+    nbytes: int  # bytes of the prefix's items, what the checkpoint is charged
+
+
+class TranslationMemo:
+    """Translations kept between turns, least recently used first out, bounded by bytes.
+
+    Two layers share the budget. Per item: item bytes -> Piece, so an item is parsed and
+    translated once. Per conversation: a `Checkpoint` of the assembly after a body's items,
+    found again when the next body starts with the same bytes objects (a continuation is its
+    parent's items plus new ones), so a turn walks only its new items; the prefix is compared
+    by identity at C speed. A resumed checkpoint is replaced by the longer one, so a chain
+    holds one. Charges: an item entry its key and translation, a checkpoint its prefix's
+    bytes (it keeps those items alive). Checkpoints are evicted before items."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.resumed = 0  # bodies that started from a checkpoint
+        self._lru: Any = LRU(_UNBOUNDED)
+        self._cps: Any = LRU(_UNBOUNDED)  # Checkpoint -> True, least recently used last
+        self._by_first: dict[bytes, list[Checkpoint]] = {}
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def get(self, key: bytes) -> Piece | None:
+        piece: Piece | None = self._lru.get(key)
+        if piece is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return piece
+
+    def put(self, key: bytes, piece: Piece) -> None:
+        size = len(key) + len(piece.data)
+        if size > self.max_bytes:
+            return
+        old = self._lru.get(key)
+        if old is not None:
+            self.nbytes -= len(key) + len(old.data)
+        self._lru[key] = piece
+        self.nbytes += size
+        self._shrink()
+
+    def resume(self, items: list[bytes]) -> Checkpoint | None:
+        """The longest checkpoint whose prefix the items start with, taken out of the memo."""
+        if not items:
+            return None
+        best: Checkpoint | None = None
+        for cp in self._by_first.get(items[0], ()):
+            n = len(cp.prefix)
+            longer = best is None or n > len(best.prefix)
+            ends_alike = longer and n <= len(items) and items[n - 1] is cp.prefix[-1]
+            if ends_alike and tuple(items[:n]) == cp.prefix:  # identity per item: C speed
+                best = cp
+        if best is not None:
+            self._drop(best)
+            self.resumed += 1
+        return best
+
+    def checkpoint(self, cp: Checkpoint) -> None:
+        if not cp.prefix or cp.nbytes > self.max_bytes:
+            return
+        self._cps[cp] = True
+        self._by_first.setdefault(cp.prefix[0], []).append(cp)
+        self.nbytes += cp.nbytes
+        self._shrink()
+
+    @property
+    def checkpoints(self) -> int:
+        return len(self._cps)
+
+    def _drop(self, cp: Checkpoint) -> None:
+        del self._cps[cp]
+        siblings = self._by_first[cp.prefix[0]]
+        siblings.remove(cp)
+        if not siblings:
+            del self._by_first[cp.prefix[0]]
+        self.nbytes -= cp.nbytes
+
+    def _shrink(self) -> None:
+        while self.nbytes > self.max_bytes and len(self._cps):
+            self._drop(self._cps.peek_last_item()[0])
+        while self.nbytes > self.max_bytes and len(self._lru):
+            k, v = self._lru.peek_last_item()
+            del self._lru[k]
+            self.nbytes -= len(k) + len(v.data)
+
+
+# ---------------------------------------------------------------- items
+
+
+def _texts(content: Any, where: str) -> list[str]:
+    """The text of a content value: a string, or a list of text-like parts."""
+    if isinstance(content, str):
+        return [content]
+    if content is None:
+        return []
+    if not isinstance(content, list):
+        raise invalid(f"Invalid '{where}': expected a string or an array of parts.", "input")
+    out: list[str] = []
+    for part in content:
+        if not isinstance(part, dict):
+            raise invalid(f"Invalid '{where}': each part must be an object.", "input")
+        kind = part.get("type")
+        if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
+            out.append(str(part.get("text") or ""))
+        elif kind == "refusal":
+            out.append(str(part.get("refusal") or ""))
+        else:
+            raise _unsupported_part(kind, where)
+    return out
+
+
+def _unsupported_part(kind: Any, where: str) -> ClientError:
+    return ClientError(
+        f"Content part type '{str(kind)[:64]}' in '{where}' cannot be sent to a Chat "
+        "Completions upstream.",
+        code="unsupported_value",
+        param="input",
+    )
+
+
+def _user_content(content: Any) -> Any:
+    """User content: a string when it is all text, else Chat content parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid("Invalid message 'content': expected a string or an array.", "input")
+    parts: list[dict[str, Any]] = []
+    only_text = True
+    for part in content:
+        if not isinstance(part, dict):
+            raise invalid("Invalid message 'content': each part must be an object.", "input")
+        kind = part.get("type")
+        if kind in ("input_text", "output_text", "text"):
+            parts.append({"type": "text", "text": str(part.get("text") or "")})
+            continue
+        only_text = False
+        if kind == "input_image":
+            url = part.get("image_url")
+            if not isinstance(url, str) or not url:
+                raise ClientError(
+                    "An 'input_image' needs an 'image_url' (an http(s) or data: URL) for a Chat "
+                    "Completions upstream; 'file_id' images cannot be resolved.",
+                    code="unsupported_value",
+                    param="input",
+                )
+            image: dict[str, Any] = {"url": url}
+            if isinstance(part.get("detail"), str):
+                image["detail"] = part["detail"]
+            parts.append({"type": "image_url", "image_url": image})
+        elif kind == "input_file":
+            keys = ("file_data", "file_id", "filename")
+            parts.append({"type": "file", "file": {k: part[k] for k in keys if k in part}})
+        elif kind == "input_audio":
+            audio = part.get("input_audio")
+            parts.append({"type": "input_audio", "input_audio": audio})
+        else:
+            raise _unsupported_part(kind, "message content")
+    if only_text:
+        return "\n".join(p["text"] for p in parts)
+    return parts
+
+
+def _call_name(item: Mapping[str, Any]) -> str:
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        raise invalid("A 'function_call' input item needs a 'name'.", "input")
+    ns = item.get("namespace")
+    return f"{ns}{NAMESPACE_SEP}{name}" if isinstance(ns, str) and ns else name
+
+
+def _call_id(item: Mapping[str, Any]) -> str:
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise invalid(f"A '{item.get('type')}' input item needs a 'call_id'.", "input")
+    return call_id
+
+
+def _output_text(output: Any) -> str:
+    """A tool result as text: a string, or the text of its parts (images become a marker)."""
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        texts: list[str] = []
+        for part in output:
+            if isinstance(part, dict) and part.get("type") in ("input_text", "output_text"):
+                texts.append(str(part.get("text") or ""))
+            elif isinstance(part, dict):
+                log.debug("tool output part %s replaced by a marker", part.get("type"))
+                texts.append(f"[{part.get('type')} omitted]")
+        return "\n".join(texts)
+    return wire.dumps(output).decode() if output is not None else ""
+
+
+def translate_item(item: Any, opts: ChatOptions) -> Piece:
+    """One Responses input item -> its contribution to the Chat message list."""
+    if not isinstance(item, dict):
+        raise invalid("Each input item must be an object.", "input")
+    kind = item.get("type") or ("message" if "role" in item else None)
+    if kind == "message":
+        role = item.get("role")
+        content = item.get("content")
+        if role == "assistant":
+            return Piece(TEXT, wire.dumps("".join(_texts(content, "assistant content"))))
+        if role in SYSTEM_ROLES:
+            text = "\n".join(_texts(content, f"{role} content"))
+            return Piece(MESSAGE, wire.dumps({"role": opts.system_role, "content": text}))
+        if role == "user":
+            return Piece(MESSAGE, wire.dumps({"role": "user", "content": _user_content(content)}))
+        raise invalid(f"Unknown message role '{str(role)[:32]}'.", "input")
+    if kind in ("function_call", "custom_tool_call"):
+        if kind == "function_call":
+            args = item.get("arguments")
+            args = args if isinstance(args, str) else wire.dumps(args or {}).decode()
+        else:  # a custom tool's free-form input, carried as a JSON argument
+            args = wire.dumps({"input": item.get("input") or ""}).decode()
+        call = {
+            "id": _call_id(item),
+            "type": "function",
+            "function": {"name": _call_name(item), "arguments": args},
+        }
+        return Piece(CALL, wire.dumps(call))
+    if kind in ("function_call_output", "custom_tool_call_output"):
+        msg = {
+            "role": "tool",
+            "tool_call_id": _call_id(item),
+            "content": _output_text(item.get("output")),
+        }
+        return Piece(MESSAGE, wire.dumps(msg))
+    if kind == "reasoning":
+        if opts.reasoning == "drop":
+            return _SKIP
+        texts = _texts(item.get("content"), "reasoning content") or _texts(
+            item.get("summary"), "reasoning summary"
+        )
+        text = "\n".join(texts)
+        return Piece(REASONING, wire.dumps(text)) if text else _SKIP
+    if kind == "item_reference":
+        raise ClientError(
+            "'item_reference' input items cannot be resolved for a Chat Completions upstream; "
+            "send the item itself.",
+            code="unsupported_value",
+            param="input",
+        )
+    log.debug("input item of type %s dropped: a Chat upstream cannot replay it", kind)
+    return _SKIP
+
+
+# ---------------------------------------------------------------- messages
+
+
+def messages(
+    items: Iterable[bytes],
+    opts: ChatOptions,
+    memo: TranslationMemo | None,
+    instructions: str | None = None,
+) -> list[bytes]:
+    """The `messages` array's elements, each serialised, in order."""
+    items = items if isinstance(items, list) else list(items)
+    start, state, nbytes = 0, Assembly([]), 0
+    cp = memo.resume(items) if memo is not None else None
+    if cp is not None:
+        start, state, nbytes = len(cp.prefix), cp.state, cp.nbytes
+    for raw in items[start:]:
+        nbytes += len(raw)
+        piece = memo.get(raw) if memo is not None else None
+        if piece is None:
+            piece = translate_item(wire.loads(raw), opts)
+            if memo is not None:
+                memo.put(raw, piece)
+        kind = piece.kind
+        if kind == CALL:
+            state.calls.append(piece.data)
+        elif kind == TEXT:
+            if state.text is not None or state.calls:
+                _flush(state, opts)
+            state.text = piece.data
+        elif kind == REASONING:
+            if state.text is not None or state.calls:
+                _flush(state, opts)
+            state.reasoning.append(piece.data)
+        elif kind == MESSAGE:
+            _flush(state, opts)
+            state.out.append(piece.data)
+    if memo is not None and items:
+        memo.checkpoint(Checkpoint(tuple(items), state.copy(), nbytes))
+    _flush(state, opts)
+    if instructions:
+        return [wire.dumps({"role": opts.system_role, "content": instructions}), *state.out]
+    return state.out
+
+
+def _flush(state: Assembly, opts: ChatOptions) -> None:
+    """Close the open assistant turn into one message: content, tool_calls, reasoning."""
+    if state.text is None and not state.calls:
+        state.reasoning.clear()  # reasoning that led to no answer is not a turn of its own
+        return
+    head = [b'{"role":"assistant","content":', state.text if state.text is not None else b'""']
+    if state.calls:
+        head += [b',"tool_calls":[', b",".join(state.calls), b"]"]
+    if state.reasoning and opts.reasoning != "drop":
+        field_name = wire.dumps(opts.reasoning)
+        reasoning = state.reasoning
+        joined = reasoning[0] if len(reasoning) == 1 else _join_strings(reasoning)
+        head += [b",", field_name, b":", joined]
+    head.append(b"}")
+    state.out.append(b"".join(head))
+    state.text = None
+    state.calls = []
+    state.reasoning = []
+
+
+def _join_strings(parts: list[bytes]) -> bytes:
+    return wire.dumps("\n".join(wire.loads(p) for p in parts))
+
+
+# ---------------------------------------------------------------- tools and settings
+
+
+def _function(tool: Mapping[str, Any], name: str) -> dict[str, Any]:
+    fn: dict[str, Any] = {"name": name}
+    for key in ("description", "parameters", "strict"):
+        if tool.get(key) is not None:
+            fn[key] = tool[key]
+    return {"type": "function", "function": fn}
+
+
+def _unsupported_tool(kind: Any, where: str, opts: ChatOptions) -> None:
+    if opts.strict_tools:
+        raise ClientError(
+            f"Tool type '{str(kind)[:64]}' ({where}) cannot run on a Chat Completions upstream "
+            "(only function and namespace tools can); remove it, or unset chat.strict_tools "
+            "to have it dropped.",
+            code="unsupported_value",
+            param="tools",
+        )
+    log.debug("tool of type %s dropped: a Chat upstream cannot run it", kind)
+
+
+def translate_tools(
+    tools: Any, opts: ChatOptions
+) -> tuple[list[dict[str, Any]], dict[str, tuple[str, str]]]:
+    """Chat tools, and the flattened names of namespaced functions -> (namespace, name)."""
+    out: list[dict[str, Any]] = []
+    names: dict[str, tuple[str, str]] = {}
+    plain: set[str] = set()
+    for i, tool in enumerate(tools if isinstance(tools, list) else []):
+        if not isinstance(tool, dict):
+            raise invalid(f"Invalid 'tools[{i}]': expected an object.", f"tools[{i}]")
+        kind = tool.get("type")
+        if kind == "function":
+            name = tool.get("name")
+            if not isinstance(name, str) or not name:
+                raise invalid(f"'tools[{i}]' needs a 'name'.", f"tools[{i}].name")
+            plain.add(name)
+            out.append(_function(tool, name))
+        elif kind == "namespace":
+            ns = tool.get("name")
+            if not isinstance(ns, str) or not ns:
+                raise invalid(f"'tools[{i}]' needs a 'name'.", f"tools[{i}].name")
+            for sub in tool.get("tools") or []:
+                sub_name = sub.get("name") if isinstance(sub, dict) else None
+                if not isinstance(sub, dict) or sub.get("type") != "function" or not sub_name:
+                    kind_in = sub.get("type") if isinstance(sub, dict) else sub
+                    _unsupported_tool(kind_in, f"in namespace '{ns}'", opts)
+                    continue
+                flat = f"{ns}{NAMESPACE_SEP}{sub_name}"
+                names[flat] = (ns, str(sub_name))
+                out.append(_function(sub, flat))
+        else:
+            _unsupported_tool(kind, f"tools[{i}]", opts)
+    clash = plain & names.keys()
+    if clash:
+        raise invalid(
+            f"Function '{sorted(clash)[0]}' clashes with a flattened namespace function name.",
+            "tools",
+        )
+    return out, names
+
+
+def _tool_choice(choice: Any, names: Mapping[str, tuple[str, str]]) -> Any:
+    if choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict):
+        kind = choice.get("type")
+        if kind == "function" and isinstance(choice.get("name"), str):
+            name = choice["name"]
+            ns = choice.get("namespace")
+            if isinstance(ns, str) and ns:
+                name = f"{ns}{NAMESPACE_SEP}{name}"
+            return {"type": "function", "function": {"name": name}}
+        if kind == "allowed_tools" and choice.get("mode") in ("auto", "required"):
+            return choice["mode"]
+    return None  # a hosted tool, or something Chat cannot say: let the upstream decide
+
+
+def _response_format(text: Any) -> dict[str, Any] | None:
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(fmt, dict):
+        return None
+    if fmt.get("type") == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "description", "schema", "strict") if k in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    if fmt.get("type") == "json_object":
+        return {"type": "json_object"}
+    return None
+
+
+# Sampling fields Chat shares with Responses, copied when set. `stop` and `seed` are not
+# Responses fields; they are honoured as an extension because self-hosted servers use them.
+_COPIED = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "stop", "seed")
+
+
+def chat_settings(
+    settings: Mapping[str, Any], opts: ChatOptions
+) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
+    """The Chat body without `messages`, and the namespace name map. Everything not listed
+    here is dropped: Chat servers reject, or silently misread, Responses-only fields."""
+    body: dict[str, Any] = {"model": settings.get("model")}
+    tools, names = translate_tools(settings.get("tools"), opts)
+    if tools:
+        body["tools"] = tools
+        choice = _tool_choice(settings.get("tool_choice"), names)
+        if choice is not None:
+            body["tool_choice"] = choice
+        if isinstance(settings.get("parallel_tool_calls"), bool):
+            body["parallel_tool_calls"] = settings["parallel_tool_calls"]
+    for key in _COPIED:
+        if settings.get(key) is not None:
+            body[key] = settings[key]
+    limit = settings.get("max_output_tokens")
+    if isinstance(limit, int):
+        body["max_tokens"] = limit
+        body["max_completion_tokens"] = limit
+    fmt = _response_format(settings.get("text"))
+    if fmt is not None:
+        body["response_format"] = fmt
+    reasoning = settings.get("reasoning")
+    effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
+    if isinstance(effort, str):
+        body["reasoning_effort"] = effort
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}
+    return body, names

@@ -1,0 +1,65 @@
+"""Choosing the upstream dialect from the settings, and the `upstream.api = "auto"` probe.
+
+The probe is one `POST {upstream}/responses` with the body `{}` at start-up: a server that
+has the endpoint rejects the empty body (400/422), one that has not answers 404 or 405. Any
+other outcome (401 without the client's key, the server not up yet, a timeout) leaves the
+choice to the first real request (core/dialects/auto.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import aiohttp
+
+from proxy.config import Settings
+from proxy.core.dialects import Dialect
+from proxy.core.dialects.auto import REFUSED, AutoDialect
+from proxy.core.dialects.chat import ChatDialect
+from proxy.core.dialects.chat_request import ChatOptions
+from proxy.core.dialects.responses import ResponsesDialect
+from proxy.core.ids import new_id
+from proxy.upstream_http import UpstreamClient
+
+log = logging.getLogger("wsmode.upstream")
+
+PROBE_TIMEOUT = 5.0  # seconds; the probe must not hold up start-up for long
+
+
+def make_dialect(settings: Settings) -> Dialect:
+    c = settings.chat
+    options = ChatOptions(
+        system_role=c.system_role,
+        reasoning=c.reasoning,
+        strict_tools=c.strict_tools,
+        memo_bytes=c.translation_cache_bytes,
+    )
+    responses = ResponsesDialect(clock=time.time, new_id=new_id)
+    chat = ChatDialect(options, clock=time.time, new_id=new_id)
+    api = settings.upstream.api
+    if api == "chat":
+        return chat
+    if api == "auto":
+        return AutoDialect(responses, chat)
+    return responses
+
+
+async def probe(upstream: UpstreamClient, dialect: AutoDialect) -> None:
+    assert upstream.session is not None
+    url = upstream.base_url + "/responses"
+    timeout = aiohttp.ClientTimeout(total=min(PROBE_TIMEOUT, upstream.settings.connect_timeout))
+    try:
+        async with upstream.session.post(
+            url, data=b"{}", headers={"Content-Type": "application/json"}, timeout=timeout
+        ) as resp:
+            status = resp.status
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        log.info("upstream.api=auto: probe of %s failed (%s); the first request decides", url, exc)
+        return
+    if status in REFUSED:
+        dialect.decide(dialect.chat, f"the probe POST /responses answered {status}")
+    elif status in (400, 422) or 200 <= status < 300:
+        dialect.decide(dialect.responses, f"the probe POST /responses answered {status}")
+    else:
+        log.info("upstream.api=auto: probe answered %s; the first request decides", status)

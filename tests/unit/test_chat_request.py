@@ -1,0 +1,393 @@
+"""Responses request -> Chat Completions body (PROTOCOL 8.4, request side)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.core.dialects.chat import ChatDialect
+from proxy.core.dialects.chat_request import ChatOptions
+from proxy.core.errors import ClientError
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    "strict": True,
+}
+
+
+def body(items: list[Any], options: ChatOptions | None = None, **settings: Any) -> dict[str, Any]:
+    dialect = ChatDialect(options)
+    raw = b"".join(
+        dialect.body(
+            {"model": "m", **settings},
+            {"stream": True, "store": False},
+            [orjson.dumps(i) for i in items],
+        )
+    )
+    doc = orjson.loads(raw)  # also proves the pieces join into valid JSON
+    assert isinstance(doc, dict)
+    return doc
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": text}
+
+
+def test_minimal_body_always_streams_with_usage_and_drops_unknown_fields() -> None:
+    doc = body(
+        [user("hi")],
+        store=True,
+        metadata={"a": "b"},
+        include=["reasoning.encrypted_content"],
+        prompt_cache_key="k",
+        truncation="auto",
+        service_tier="flex",
+        safety_identifier="u",
+        user="u",
+        text={"format": {"type": "text"}, "verbosity": "low"},
+        some_future_field=1,
+    )
+    assert doc == {
+        "model": "m",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+
+
+def test_sampling_limits_and_format() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    doc = body(
+        [user("hi")],
+        temperature=0.3,
+        top_p=0.9,
+        max_output_tokens=77,
+        stop=["</tool_call>"],
+        seed=7,
+        reasoning={"effort": "high", "summary": "auto"},
+        text={"format": {"type": "json_schema", "name": "out", "schema": schema, "strict": True}},
+    )
+    assert doc["temperature"] == 0.3 and doc["top_p"] == 0.9
+    assert doc["max_tokens"] == 77 and doc["max_completion_tokens"] == 77
+    assert doc["stop"] == ["</tool_call>"] and doc["seed"] == 7
+    assert doc["reasoning_effort"] == "high"
+    assert doc["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "out", "schema": schema, "strict": True},
+    }
+    assert body([user("x")], text={"format": {"type": "json_object"}})["response_format"] == {
+        "type": "json_object"
+    }
+
+
+@pytest.mark.parametrize("role", ["system", "developer"])
+def test_instructions_and_system_items_take_the_configured_role(role: str) -> None:
+    items = [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "A"}]},
+        {"role": "system", "content": "B"},  # an EasyInputMessage: no `type`
+        user("hi"),
+    ]
+    doc = body(items, ChatOptions(system_role=role), instructions="Be brief.")
+    assert doc["messages"] == [
+        {"role": role, "content": "Be brief."},
+        {"role": role, "content": "A"},
+        {"role": role, "content": "B"},
+        {"role": "user", "content": "hi"},
+    ]
+
+
+def test_user_content_parts() -> None:
+    parts = [
+        {"type": "input_text", "text": "look"},
+        {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "low"},
+        {"type": "input_file", "file_data": "data:application/pdf;base64,BB", "filename": "a.pdf"},
+    ]
+    doc = body([{"type": "message", "role": "user", "content": parts}])
+    assert doc["messages"][0]["content"] == [
+        {"type": "text", "text": "look"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "low"}},
+        {
+            "type": "file",
+            "file": {"file_data": "data:application/pdf;base64,BB", "filename": "a.pdf"},
+        },
+    ]
+    texts = [{"type": "input_text", "text": "one"}, {"type": "input_text", "text": "two"}]
+    assert body([{"role": "user", "content": texts}])["messages"][0]["content"] == "one\ntwo"
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]},
+        {"role": "user", "content": [{"type": "mystery"}]},
+        {"type": "item_reference", "id": "msg_1"},
+        {"type": "function_call", "name": "f", "arguments": "{}"},  # no call_id
+        {"role": "tool", "content": "x"},
+        "not an object",
+    ],
+)
+def test_untranslatable_items_are_client_errors(item: Any) -> None:
+    with pytest.raises(ClientError) as err:
+        body([item])
+    assert err.value.status == 400 and err.value.param == "input"
+
+
+def test_tool_loop_history_becomes_assistant_tool_calls_and_tool_messages() -> None:
+    items = [
+        user("weather in Rome and Oslo?"),
+        {
+            "type": "message",
+            "role": "assistant",
+            "id": "msg_1",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "Checking.", "annotations": []}],
+        },
+        {
+            "type": "function_call",
+            "id": "fc_1",
+            "call_id": "c1",
+            "name": "get_weather",
+            "arguments": '{"city":"Rome"}',
+            "status": "completed",
+        },
+        {
+            "type": "function_call",
+            "call_id": "c2",
+            "name": "get_weather",
+            "arguments": '{"city":"Oslo"}',
+        },
+        {"type": "function_call_output", "call_id": "c1", "output": "20 C"},
+        {
+            "type": "function_call_output",
+            "call_id": "c2",
+            "output": [
+                {"type": "input_text", "text": "5 C"},
+                {"type": "input_image", "image_url": "x"},
+            ],
+        },
+        {"type": "function_call", "call_id": "c3", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c3", "output": "?"},
+        {"type": "message", "role": "assistant", "content": "Rome 20, Oslo 5."},
+        {"type": "web_search_call", "id": "ws_1", "status": "completed"},
+        user("thanks"),
+    ]
+    doc = body(items)
+
+    def call(cid: str, args: str) -> dict[str, Any]:
+        return {
+            "id": cid,
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": args},
+        }
+
+    assert doc["messages"] == [
+        {"role": "user", "content": "weather in Rome and Oslo?"},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "tool_calls": [call("c1", '{"city":"Rome"}'), call("c2", '{"city":"Oslo"}')],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "20 C"},
+        {"role": "tool", "tool_call_id": "c2", "content": "5 C\n[input_image omitted]"},
+        {"role": "assistant", "content": "", "tool_calls": [call("c3", "{}")]},
+        {"role": "tool", "tool_call_id": "c3", "content": "?"},
+        {"role": "assistant", "content": "Rome 20, Oslo 5."},
+        {"role": "user", "content": "thanks"},
+    ]
+
+
+REASONING = {
+    "type": "reasoning",
+    "id": "rs_1",
+    "summary": [],
+    "content": [{"type": "reasoning_text", "text": "think"}],
+}
+
+
+def test_reasoning_items_are_dropped_by_default() -> None:
+    items = [user("q"), REASONING, {"role": "assistant", "content": "a"}]
+    assert body(items)["messages"] == [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+    ]
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_reasoning_items_can_ride_on_the_next_assistant_message(field: str) -> None:
+    summary_only = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "sum"}]}
+    items = [
+        user("q"),
+        REASONING,
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "r"},
+        summary_only,
+        {"role": "assistant", "content": "a"},
+        REASONING,  # reasoning that led nowhere is not a turn
+    ]
+    msgs = body(items, ChatOptions(reasoning=field))["messages"]
+    assert msgs[1][field] == "think" and msgs[1]["tool_calls"][0]["id"] == "c"
+    assert msgs[3] == {"role": "assistant", "content": "a", field: "sum"}
+    assert len(msgs) == 4
+
+
+def test_function_and_namespace_tools_hosted_dropped() -> None:
+    tools = [
+        WEATHER,
+        {
+            "type": "namespace",
+            "name": "crm",
+            "description": "CRM",
+            "tools": [
+                {"type": "function", "name": "lookup", "parameters": {"type": "object"}},
+                {"type": "custom", "name": "free"},
+            ],
+        },
+        {"type": "web_search", "external_web_access": False},
+        {"type": "custom", "name": "apply_patch"},
+    ]
+    doc = body([user("x")], tools=tools, tool_choice="required", parallel_tool_calls=False)
+    assert doc["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather for a city",
+                "parameters": WEATHER["parameters"],
+                "strict": True,
+            },
+        },
+        {"type": "function", "function": {"name": "crm__lookup", "parameters": {"type": "object"}}},
+    ]
+    assert doc["tool_choice"] == "required" and doc["parallel_tool_calls"] is False
+
+
+def test_namespaced_history_call_is_flattened() -> None:
+    item = {
+        "type": "function_call",
+        "call_id": "c",
+        "name": "lookup",
+        "namespace": "crm",
+        "arguments": "{}",
+    }
+    msg = body([item])["messages"][0]
+    assert msg["tool_calls"][0]["function"]["name"] == "crm__lookup"
+
+
+def test_strict_tools_rejects_hosted_tools() -> None:
+    with pytest.raises(ClientError) as err:
+        body([user("x")], ChatOptions(strict_tools=True), tools=[{"type": "web_search"}])
+    assert err.value.code == "unsupported_value" and err.value.param == "tools"
+    assert "web_search" in err.value.message
+
+
+def test_a_flattened_name_may_not_clash() -> None:
+    tools = [
+        {"type": "function", "name": "a__b"},
+        {"type": "namespace", "name": "a", "tools": [{"type": "function", "name": "b"}]},
+    ]
+    with pytest.raises(ClientError):
+        body([user("x")], tools=tools)
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [
+        ("auto", "auto"),
+        ("none", "none"),
+        (
+            {"type": "function", "name": "get_weather"},
+            {"type": "function", "function": {"name": "get_weather"}},
+        ),
+        ({"type": "allowed_tools", "mode": "required", "tools": []}, "required"),
+        ({"type": "web_search"}, None),
+    ],
+)
+def test_tool_choice(choice: Any, expected: Any) -> None:
+    doc = body([user("x")], tools=[WEATHER], tool_choice=choice)
+    assert doc.get("tool_choice") == expected
+
+
+def test_no_tool_settings_without_tools() -> None:
+    doc = body(
+        [user("x")],
+        tools=[{"type": "web_search"}],
+        tool_choice="required",
+        parallel_tool_calls=True,
+    )
+    assert "tools" not in doc and "tool_choice" not in doc and "parallel_tool_calls" not in doc
+
+
+def test_custom_tool_call_history() -> None:
+    items = [
+        {"type": "custom_tool_call", "call_id": "c", "name": "apply_patch", "input": "*** patch"},
+        {"type": "custom_tool_call_output", "call_id": "c", "output": "done"},
+    ]
+    msgs = body(items)["messages"]
+    fn = msgs[0]["tool_calls"][0]["function"]
+    assert fn == {"name": "apply_patch", "arguments": '{"input":"*** patch"}'}
+    assert msgs[1] == {"role": "tool", "tool_call_id": "c", "content": "done"}
+
+
+def _turns() -> list[list[bytes]]:
+    """Item lists of a chained tool loop; each turn's list starts with its parent's objects.
+    Turn boundaries fall inside an assistant turn (after a function_call, before its output)."""
+    turns, items = [], [orjson.dumps(user("go"))]
+    for k in range(6):
+        call = {"type": "function_call", "call_id": f"c{k}", "name": "f", "arguments": "{}"}
+        text = {"type": "message", "role": "assistant", "content": f"step {k}"}
+        items = [*items, orjson.dumps(text), orjson.dumps(call)]  # the output
+        turns.append(items)
+        out = {"type": "function_call_output", "call_id": f"c{k}", "output": str(k)}
+        items = [*items, orjson.dumps(out)]  # the next input
+        turns.append(items)
+    return turns
+
+
+def test_history_translation_is_memoised_per_item_and_resumed_per_conversation() -> None:
+    memo_on, memo_off = ChatDialect(), ChatDialect(ChatOptions(memo_bytes=0))
+    for items in _turns():
+        fresh = b"".join(memo_off.body({"model": "m"}, {}, items))
+        assert b"".join(memo_on.body({"model": "m"}, {}, items)) == fresh
+    memo = memo_on.memo
+    assert memo.misses == 1 + 6 * 3  # every item parsed once
+    assert memo.resumed == 11 and memo.hits == 0  # every turn walked only its new items
+    assert memo.checkpoints == 1  # a chain holds one checkpoint
+
+
+def test_forks_and_retries_translate_correctly() -> None:
+    dialect, fresh = ChatDialect(), ChatDialect(ChatOptions(memo_bytes=0))
+    parent = _turns()[3]
+    for child in ("a", "b", "a"):  # two forks of one parent, then a retry of the first
+        items = [*parent, orjson.dumps(user(child))]
+        got = b"".join(dialect.body({"model": "m"}, {}, items))
+        assert got == b"".join(fresh.body({"model": "m"}, {}, items))
+    # equal content in new bytes objects (a client resending its history) still hits per item
+    copies = [bytes(bytearray(i)) for i in parent]
+    before = dialect.memo.hits
+    b"".join(dialect.body({"model": "m"}, {}, copies))
+    assert dialect.memo.hits - before == len(parent)
+
+
+def test_memo_is_bounded_by_bytes() -> None:
+    dialect = ChatDialect(ChatOptions(memo_bytes=1000))
+    memo = dialect.memo
+    items = [orjson.dumps(user(f"{i:03d}" + "x" * 90)) for i in range(30)]
+    b"".join(dialect.body({"model": "m"}, {}, items))
+    assert memo.nbytes <= 1000 and 0 < len(memo) < 30
+    assert memo.checkpoints == 0  # the 3 kB conversation does not fit: never held
+    assert memo.nbytes == sum(len(k) + len(v.data) for k, v in memo._lru.items())
+    assert memo.get(items[-1]) is not None and memo.get(items[0]) is None  # LRU order
+    huge = orjson.dumps(user("y" * 5000))
+    b"".join(dialect.body({"model": "m"}, {}, [huge]))
+    assert memo.get(huge) is None and memo.nbytes <= 1000  # larger than the budget: not held
+    small = ChatDialect(ChatOptions(memo_bytes=10_000))
+    for items in _turns():
+        b"".join(small.body({"model": "m"}, {}, items))
+        charged = sum(len(k) + len(v.data) for k, v in small.memo._lru.items())
+        charged += sum(cp.nbytes for cp in small.memo._cps.keys())  # noqa: SIM118 (an LRU)
+        assert small.memo.nbytes == charged <= 10_000

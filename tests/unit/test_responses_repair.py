@@ -1,0 +1,155 @@
+"""A poor upstream /v1/responses stream (llama.cpp's) is rebuilt into the canonical one; a
+spec-complete stream still passes through untouched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.core.errors import UpstreamError
+from proxy.core.sse import SSEDecoder
+from proxy.sim.events import response_events
+from proxy.sim.model import plan
+from tests.chat_streams import TRANSCRIPTS, run, translator
+from tests.event_checks import check_sequence
+
+LLAMA = TRANSCRIPTS / "llamacpp-xllamacpp"
+
+
+def _raw(name: str) -> bytes:
+    path = LLAMA / name
+    if not path.exists():
+        pytest.skip(f"{path} is not available (../shared missing)")
+    return path.read_bytes()
+
+
+def _upstream_events(raw: bytes) -> list[dict[str, Any]]:
+    return [orjson.loads(e.data) for e in SSEDecoder(1 << 24).feed(raw)]
+
+
+@pytest.mark.parametrize(
+    ("name", "limit", "outcome"),
+    [
+        ("resp_plain_stream.txt", 100, "completed"),
+        ("resp_plain_stream.txt", 16, "incomplete"),  # llama.cpp says completed when cut
+        ("resp_tool_fewshot_stop_stream.txt", 60, "completed"),
+        ("resp_tool_required_temp08_message_plus_3calls.txt", 200, "completed"),
+    ],
+)
+def test_llamacpp_responses_stream_is_repaired(name: str, limit: int, outcome: str) -> None:
+    raw = _raw(name)
+    up = _upstream_events(raw)
+    assert "sequence_number" not in up[0]  # what makes it poor
+    request = {"model": "gemma-3-270m", "max_output_tokens": limit, "input": "hi"}
+    events = run(translator("responses", request), [raw])
+    summary = check_sequence(events)
+    final_up = up[-1]["response"]
+    assert summary.terminal["id"] == final_up["id"] == events[0]["response"]["id"]
+    assert summary.terminal["status"] == outcome
+    if outcome == "incomplete":
+        assert summary.terminal["incomplete_details"] == {"reason": "max_output_tokens"}
+    # the same items, ids and content as the upstream's final object
+    assert [i["id"] for i in summary.items] == [i["id"] for i in final_up["output"]]
+    for mine, theirs in zip(summary.items, final_up["output"], strict=True):
+        if theirs["type"] == "function_call":
+            keys = ("call_id", "name", "arguments")
+            assert {k: mine[k] for k in keys} == {k: theirs[k] for k in keys}
+        else:
+            assert mine["content"][0]["text"] == theirs["content"][0]["text"]
+    usage = summary.terminal["usage"]
+    assert usage["input_tokens"] == final_up["usage"]["input_tokens"]
+    assert (
+        usage["input_tokens_details"]["cached_tokens"]
+        == (final_up["usage"]["input_tokens_details"]["cached_tokens"])
+    )
+    assert "timings" not in summary.terminal
+    # .done events that llama.cpp never sends are there
+    kinds = [e["type"] for e in events]
+    assert kinds.count("response.function_call_arguments.done") == len(summary.calls)
+    bytewise = run(translator("responses", request), [raw[i : i + 1] for i in range(len(raw))])
+    assert bytewise == events
+
+
+def _sse(events: list[dict[str, Any]]) -> bytes:
+    return b"".join(
+        b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events
+    )
+
+
+def test_items_only_in_the_final_object_are_streamed() -> None:
+    final = {
+        "id": "resp_x",
+        "status": "completed",
+        "output": [
+            {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "whole answer"}],
+            },
+            {
+                "id": "fc_1",
+                "type": "function_call",
+                "call_id": "c",
+                "name": "f",
+                "arguments": '{"a":1}',
+            },
+        ],
+    }
+    raw = _sse(
+        [
+            {"type": "response.created", "response": {"id": "resp_x"}},
+            {"type": "response.output_text.delta", "item_id": "msg_1", "delta": "whole "},
+            {"type": "response.completed", "response": final},
+        ]
+    )
+    summary = check_sequence(run(translator("responses", {"model": "m"}), [raw]))
+    assert summary.text == "whole answer"
+    assert [(c["id"], c["arguments"]) for c in summary.calls] == [("fc_1", '{"a":1}')]
+    assert summary.terminal["usage"] is None
+
+
+def test_poor_stream_failures() -> None:
+    failed = _sse(
+        [
+            {"type": "response.created", "response": {"id": "r"}},
+            {
+                "type": "response.failed",
+                "response": {"id": "r", "error": {"code": "x", "message": "m"}},
+            },
+        ]
+    )
+    with pytest.raises(UpstreamError) as err:
+        run(translator("responses", {"model": "m"}), [failed])
+    assert err.value.code == "x" and err.value.message == "m"
+    cut = _sse([{"type": "response.created", "response": {"id": "r"}}])
+    t = translator("responses", {"model": "m"})
+    assert [e["type"] for e in run(t, [cut], eof=False)] == [
+        "response.created",
+        "response.in_progress",
+    ]
+    with pytest.raises(UpstreamError):
+        t.eof()
+    assert t.last_seq == 1
+
+
+def test_spec_complete_stream_passes_through_untouched() -> None:
+    body = {
+        "model": "sim",
+        "input": "hi",
+        "tools": [{"type": "function", "name": "f"}],
+        "tool_choice": "required",
+    }
+    upstream = list(
+        response_events(body, plan(body, seed=1, output_tokens=5, tool_calls_per_turn=1))
+    )
+    raw = _sse(upstream)
+    t = translator("responses", body)
+    decoder = SSEDecoder(1 << 24)
+    frames = [f for e in decoder.feed(raw) for f in t.feed(e)]
+    deltas = [e for e in upstream if e["type"].endswith(".delta")]
+    # delta events are forwarded as the very bytes the upstream sent (never re-serialised)
+    assert [f for f in frames if b".delta" in f[:60]] == [orjson.dumps(d) for d in deltas]
+    assert len(frames) == len(upstream) and t.outcome == "completed"
