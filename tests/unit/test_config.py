@@ -23,7 +23,9 @@ def test_example_documents_every_key_with_its_default() -> None:
         names = {f.name for f in dataclasses.fields(obj)}
         assert set(table) == names, f"[{section.name}] keys differ from the settings"
         for key in names:
-            assert table[key] == getattr(obj, key), f"{section.name}.{key} default differs"
+            value = getattr(obj, key)
+            value = list(value) if isinstance(value, tuple) else value
+            assert table[key] == value, f"{section.name}.{key} default differs"
     assert load_settings(EXAMPLE) == defaults
 
 
@@ -64,7 +66,9 @@ def test_env_aliases_and_generic_names() -> None:
         ("[cache]\nconnection_max_bytes = -1\n", {}, "must not be negative"),
     ],
 )
-def test_bad_config_is_an_error(tmp_path: Path, text: str, env: dict[str, str], message: str) -> None:
+def test_bad_config_is_an_error(
+    tmp_path: Path, text: str, env: dict[str, str], message: str
+) -> None:
     path = tmp_path / "c.toml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
