@@ -13,6 +13,7 @@ the store, scoped to the caller's credential.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any
@@ -24,11 +25,13 @@ from proxy.core.conversation import ResponseCache
 from proxy.core.errors import ClientError, ProxyError
 from proxy.core.events import TERMINAL_TYPES
 from proxy.core.ids import new_id
-from proxy.core.session import Action, Send, Session, StartUpstream
+from proxy.core.session import Action, Finished, Send, Session, StartUpstream
 from proxy.core.store import StoredResponse, owner_of
+from proxy.ops import OPS, REQUEST_ID
 from proxy.passthrough import passthrough
 from proxy.pump import pump
 from proxy.state import APP_STATE, AppState
+from proxy.tracking import RunTracker
 from proxy.upstream_http import FORWARDED_HEADERS
 
 log = logging.getLogger("wsmode.http")
@@ -89,10 +92,20 @@ class HttpExchange:
         self.pending: list[StartUpstream] = []
         self.error: dict[str, Any] | None = None  # the first WS error envelope, if any
         self.terminal: dict[str, Any] | None = None
+        ops = request.app[OPS]
+        self.tracker = RunTracker(
+            ops.metrics,
+            ops.usage,
+            state.policy.dialect.name,
+            self.session.owner,
+            f"http {request.remote}",
+            request.get(REQUEST_ID),
+        )
 
-    async def run(self, body: dict[str, Any]) -> web.StreamResponse:
+    async def run(self, body: dict[str, Any], nbytes: int = 0) -> web.StreamResponse:
         try:
-            await self.execute(self.session.create(body))
+            call = functools.partial(self.session.create, body)
+            await self.execute(self.tracker.feed(self.session, call, nbytes))
             while self.pending:  # one upstream request; twice on a native fallback
                 start = self.pending.pop(0)
                 await pump(
@@ -103,6 +116,7 @@ class HttpExchange:
                     self.state.settings.upstream.max_event_bytes,
                     self.execute,
                     f"http {self.request.remote}",
+                    self.tracker.start(start),
                 )
         except ConnectionError:
             self.session.client_gone()  # the client left; leaving pump closed the upstream
@@ -127,11 +141,16 @@ class HttpExchange:
         raise RuntimeError("response ended without a terminal event or an error")
 
     async def execute(self, actions: list[Action]) -> None:
+        frames: list[bytes] = []
         for action in actions:
             if isinstance(action, Send):
+                frames.append(action.frame)
                 await self._frame(action.frame)
             elif isinstance(action, StartUpstream):
                 self.pending.append(action)
+            elif isinstance(action, Finished):
+                self.tracker.finished(action, frames[-2:])
+                frames = []
 
     async def _frame(self, frame: bytes) -> None:
         kind = event_type(frame)
@@ -155,8 +174,9 @@ class HttpExchange:
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     state = request.app[APP_STATE]
+    raw = await request.read()
     try:
-        body = wire.loads(await request.read())
+        body = wire.loads(raw)
     except wire.JSONDecodeError:
         return error_response(ClientError("The body is not valid JSON.", code="invalid_json"))
     if not isinstance(body, dict):
@@ -172,7 +192,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     body.pop("stream_id", None)  # a WebSocket-only field: lanes mean nothing over HTTP
     stream = body.get("stream") is True
     body["type"] = "response.create"
-    return await HttpExchange(state, request, stream).run(body)
+    return await HttpExchange(state, request, stream).run(body, len(raw))
 
 
 def _not_found(rid: str) -> web.Response:

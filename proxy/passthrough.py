@@ -16,6 +16,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.core import wire
+from proxy.core.errors import UpstreamError
 from proxy.state import APP_STATE
 
 log = logging.getLogger("wsmode.http")
@@ -42,6 +43,19 @@ def _headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
+    client = request.app[APP_STATE].upstream
+    try:
+        async with client.gate.slot():  # passthrough counts against the upstream limit too
+            return await _relay(request)
+    except UpstreamError as err:
+        return web.Response(
+            status=err.status,
+            body=wire.dumps({"error": err.body()}),
+            content_type="application/json",
+        )
+
+
+async def _relay(request: web.Request) -> web.StreamResponse:
     state = request.app[APP_STATE]
     client = state.upstream
     assert client.session is not None
