@@ -42,16 +42,26 @@ def main() -> None:
     help="TOML config file (see config/wsmode.example.toml). [WSMODE_CONFIG]",
 )
 @click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR. [WSMODE_SERVER_LOG_LEVEL]")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="Log lines as text or JSON. [WSMODE_SERVER_LOG_FORMAT]",
+)
 def serve(
     host: str | None,
     port: int | None,
     upstream: str | None,
     config: str | None,
     log_level: str | None,
+    log_format: str | None,
 ) -> None:
-    """Serve WebSocket mode on /v1/responses in front of a stateless upstream."""
-    from proxy.app import create_app
+    """Serve WebSocket mode on /v1/responses in front of a stateless upstream.
+
+    On SIGTERM it drains: see server.drain_grace_seconds."""
+    import asyncio
+
     from proxy.logs import configure
+    from proxy.serve import serve as run_server
 
     settings = _settings(
         config,
@@ -60,22 +70,71 @@ def serve(
             "server.port": port,
             "upstream.url": upstream,
             "server.log_level": log_level,
+            "server.log_format": log_format,
         },
     )
-    configure(settings.server.log_level)
+    configure(settings.server.log_level, settings.server.log_format)
+    _check_runtime(settings)
     click.echo(
         f"wsmode {__version__} listening on ws://{settings.server.host}:{settings.server.port}"
         f"/v1/responses (clients use base URL http://{settings.server.host}:"
         f"{settings.server.port}/v1)",
         err=True,
     )
-    web.run_app(
-        create_app(settings),
-        host=settings.server.host,
-        port=settings.server.port,
-        print=None,
-        access_log=None,
-    )
+    asyncio.run(run_server(settings))
+
+
+def _check_runtime(settings: Settings) -> None:
+    """What load_settings cannot check alone: files the settings point at."""
+    from proxy.auth import Authenticator
+
+    try:
+        Authenticator.from_settings(settings.auth)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+@main.command("check-config")
+@click.option(
+    "--config",
+    "config",
+    envvar="WSMODE_CONFIG",
+    type=click.Path(exists=True, dir_okay=False),
+    help="TOML config file to check. [WSMODE_CONFIG]",
+)
+def check_config(config: str | None) -> None:
+    """Validate the configuration (file + WSMODE_* variables) and print the effective
+    settings as TOML, secrets redacted. Exits 2 on an invalid configuration."""
+    from proxy.auth import Authenticator
+    from proxy.config import redacted
+
+    settings = _settings(config, {})
+    _check_runtime(settings)
+    auth = Authenticator.from_settings(settings.auth)
+    click.echo(f"# wsmode {__version__}: configuration OK", err=True)
+    if auth is not None:
+        click.echo(f"# proxy auth on: {len(auth)} accepted key(s)", err=True)
+    click.echo(_toml(redacted(settings)), nl=False)
+
+
+def _toml(doc: dict[str, dict[str, Any]]) -> str:
+    import json
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return json.dumps(v)
+
+    out: list[str] = []
+    for section, table in doc.items():
+        out.append(f"[{section}]")
+        out += [f"{k} = {value(v)}" for k, v in table.items()]
+        out.append("")
+    return "\n".join(out)
 
 
 @main.command()

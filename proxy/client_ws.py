@@ -159,10 +159,12 @@ class ClientConnection:
     # ---- drain (called by Ops)
 
     def begin_drain(self, grace: float) -> None:
-        if self.draining:
+        if self.draining and grace > 0:
             return
         self.draining = True
-        if self.tg is not None:
+        if self.tg is not None:  # a second call with grace 0 cuts a running drain short
+            if self._drain_task is not None:
+                self._drain_task.cancel()
             self._drain_task = self.tg.create_task(self._drain(grace))
 
     def queued_creates(self) -> int:
