@@ -132,9 +132,10 @@ async def test_get_delete_and_input_items(proxy: Proxy) -> None:
 
 
 async def test_http_errors(proxy: Proxy, sim: Sim) -> None:
-    async with aiohttp.ClientSession() as http, http.post(
-        f"{proxy.http}/responses", data=b"{nope"
-    ) as r:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{proxy.http}/responses", data=b"{nope") as r,
+    ):
         assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_json"
     status, err = await post(proxy, {"model": "sim"})
     assert status == 400 and err["error"]["param"] == "input"
