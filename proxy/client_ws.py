@@ -42,7 +42,7 @@ from proxy.core.session import (
     StartUpstream,
 )
 from proxy.core.store import owner_of
-from proxy.ops import OPS, REQUEST_ID
+from proxy.ops import CLOSE_CODE, OPS, REQUEST_ID
 from proxy.pump import pump
 from proxy.state import AppState
 from proxy.tracking import RunTracker
@@ -128,15 +128,14 @@ class ClientConnection:
         except Exception:
             self.ops.metrics.errors.inc()
             log.exception("connection %s failed: internal error", self.id)
-            if not ws.closed:
-                await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"internal error")
+            await self._close(WSCloseCode.INTERNAL_ERROR, b"internal error")
         finally:
             self.tracker.clear()
             self.ops.unregister(self, self.cache)
         log.info(
             "connection %s closed code=%s responses=%d bytes_in=%d bytes_out=%d",
             self.id,
-            ws.close_code,
+            self.request.get(CLOSE_CODE, ws.close_code),
             self.responses,
             self.bytes_in,
             self.bytes_out,
@@ -183,8 +182,12 @@ class ClientConnection:
                 await self._idle.wait()
         except TimeoutError:
             log.info("connection %s: drain grace over, cutting in-flight responses", self.id)
+        await self._close(WSCloseCode.GOING_AWAY, b"server shutting down")
+
+    async def _close(self, code: int, reason: bytes) -> None:
         if not self.ws.closed:
-            await self.ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+            self.request[CLOSE_CODE] = code
+            await self.ws.close(code=code, message=reason)
 
     # ---- reading
 
@@ -205,9 +208,7 @@ class ClientConnection:
                 await self._execute(self.tracker.feed(self.session, call, size))
             elif msg.type is WSMsgType.BINARY:
                 # PROTOCOL 1: text frames only; RFC 6455 1003 = data it cannot accept
-                await ws.close(
-                    code=WSCloseCode.UNSUPPORTED_DATA, message=b"binary frames are not supported"
-                )
+                await self._close(WSCloseCode.UNSUPPORTED_DATA, b"binary frames are not supported")
                 return
             elif msg.type is WSMsgType.ERROR:
                 # aiohttp already closed with the matching code (1009 too big, 1007 bad UTF-8)
@@ -249,7 +250,7 @@ class ClientConnection:
                 if task is not None and task is not asyncio.current_task():
                     task.cancel()
             elif isinstance(action, Close):
-                await self.ws.close(code=action.code, message=action.reason.encode())
+                await self._close(action.code, action.reason.encode())
             elif isinstance(action, Finished):
                 self.responses += 1
                 self.tracker.finished(action, frames[-2:])

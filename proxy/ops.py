@@ -110,6 +110,9 @@ class Ops:
 
 OPS = web.AppKey("wsmode_ops", Ops)
 REQUEST_ID = web.RequestKey("wsmode_request_id", str)
+# The close code a WebSocket handler sent when the server closed first. aiohttp reports
+# 1000 for a close started while another task was reading, so handlers record their own.
+CLOSE_CODE = web.RequestKey("wsmode_close_code", int)
 
 
 def _error(status: int, message: str, code: str, etype: str) -> web.Response:
@@ -202,7 +205,7 @@ async def _guarded(
             ops.http_inflight -= 1
             ops._check_drained()
     if isinstance(resp, web.WebSocketResponse):
-        m.connections.labels(close_class(resp.close_code)).inc()
+        m.connections.labels(close_class(request.get(CLOSE_CODE, resp.close_code))).inc()
     return resp
 
 
