@@ -25,7 +25,8 @@ request_id_var: ContextVar[str | None] = ContextVar("wsmode_request_id", default
 _SECRET = re.compile(
     r"(?i)\b(bearer|basic)\s+[^\s,;\"']+"
     r"|\b(sk|rk|pk)-[A-Za-z0-9_\-]{8,}"
-    r"|(api[_-]?key|authorization|token|secret)([\"']?\s*[:=]\s*[\"']?)[^\s,;\"'}]+"
+    r"|(api[_-]?key|authorization|token|secret)([\"']?\s*[:=]\s*[\"']?)"
+    r"(?:(?:bearer|basic)\s+)?[^\s,;\"'}]+"
 )
 
 
