@@ -179,5 +179,57 @@ def sim(
     )
 
 
+@main.command()
+@click.option("--connections", type=int, default=8, show_default=True, help="Conversations.")
+@click.option("--turns", type=int, default=10, show_default=True, help="Turns each.")
+@click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds, at most.")
+@click.option(
+    "--fault-rate",
+    type=float,
+    default=0.1,
+    show_default=True,
+    help="Share of turns whose upstream stream is cut mid-event.",
+)
+@click.option(
+    "--upstream-kills",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Times the upstream process is killed (SIGKILL) and restarted.",
+)
+@click.option(
+    "--rss-tolerance-mb",
+    type=float,
+    default=16.0,
+    show_default=True,
+    help="Allowed growth of the proxy's resident memory over its warm baseline.",
+)
+@click.option("--seed", type=int, default=1, show_default=True)
+def soak(
+    connections: int,
+    turns: int,
+    duration: float,
+    fault_rate: float,
+    upstream_kills: int,
+    rss_tolerance_mb: float,
+    seed: int,
+) -> None:
+    """Soak a real proxy process on loopback with injected faults; exit 1 on any failure.
+
+    The last line is `N passed, N failed`."""
+    import asyncio
+
+    from proxy.soak import SoakConfig, run
+
+    cfg = SoakConfig(
+        connections, turns, duration, fault_rate, upstream_kills, seed, rss_tolerance_mb
+    )
+    passed, failed, lines = asyncio.run(run(cfg))
+    for line in lines:
+        click.echo(line)
+    click.echo(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
 if __name__ == "__main__":
     sys.exit(main())
