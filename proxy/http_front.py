@@ -13,6 +13,7 @@ the store, scoped to the caller's credential.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -158,7 +159,7 @@ class HttpExchange:
             ev = wire.loads(frame)
             self.error = self.error or ev
             if self.sse is not None:
-                await self.sse.write(b"event: error\ndata: " + _http_error_event(ev) + b"\n\n")
+                await self._write(b"event: error\ndata: " + _http_error_event(ev) + b"\n\n")
             return
         if kind in TERMINAL_TYPES:
             self.terminal = wire.loads(frame)["response"]
@@ -169,7 +170,25 @@ class HttpExchange:
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
             )
             await self.sse.prepare(self.request)
-        await self.sse.write(b"event: " + kind.encode() + b"\ndata: " + frame + b"\n\n")
+            transport = self.request.transport
+            if transport is not None:  # the same explicit outbound bound as WebSocket mode
+                transport.set_write_buffer_limits(
+                    high=self.state.settings.server.outbound_buffer_bytes // 2
+                )
+        await self._write(b"event: " + kind.encode() + b"\ndata: " + frame + b"\n\n")
+
+    async def _write(self, data: bytes) -> None:
+        """A write waits while the client is not reading (and the upstream is not read
+        meanwhile); past server.send_timeout the exchange is abandoned like a vanished
+        client, which closes the upstream request."""
+        assert self.sse is not None
+        try:
+            async with asyncio.timeout(self.state.settings.server.send_timeout or None):
+                await self.sse.write(data)
+        except TimeoutError:
+            log.warning("http %s: client read nothing for the send timeout", self.request.remote)
+            self.request.app[OPS].metrics.slow_client_cancellations.inc()
+            raise ConnectionResetError("client too slow") from None
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:

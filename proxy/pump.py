@@ -36,6 +36,7 @@ async def pump(
 ) -> None:
     run_id = start.run_id
     decoder = SSEDecoder(max_event_bytes)
+    debug = log.isEnabledFor(logging.DEBUG)  # per-event lines only when asked for
     on_sent = trace.sent if trace is not None else None
     try:
         async with upstream.stream(
@@ -45,6 +46,10 @@ async def pump(
                 if trace is not None:
                     trace.chunk(len(chunk))
                 for event in decoder.feed(chunk):
+                    if debug:  # the type and size, never the payload
+                        log.debug(
+                            "%s upstream event %s (%d bytes)", label, event.event, len(event.data)
+                        )
                     actions = session.upstream_event(run_id, event)
                     await execute(actions)
                     if trace is not None and trace.first_sent is None and _sends(actions):

@@ -100,3 +100,30 @@ async def test_a_reading_client_is_never_cancelled(
     assert sim.state.completed == 1
     m = await scrape(proxy)
     assert sample(m, "wsmode_slow_client_cancellations_total") == 0
+
+
+async def test_http_sse_client_that_stops_reading(
+    sim_factory: Callable[..., Awaitable[Sim]], proxy_factory: ProxyFactory
+) -> None:
+    sim = await sim_factory(output_tokens=TOKENS)
+    proxy = await proxy_factory(
+        sim.url, server__outbound_buffer_bytes=BOUND, server__send_timeout=seconds(1)
+    )
+    body = b'{"model":"sim","input":"long","stream":true}'
+    reader, writer = await asyncio.open_connection(sock=small_socket(proxy.served.port))
+    writer.write(
+        b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    await writer.drain()
+    assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+    # ...and now we read nothing more
+    for _ in range(500):
+        m = await scrape(proxy)
+        if sample(m, "wsmode_slow_client_cancellations_total") == 1 and sim.state.cancelled:
+            break
+        await asyncio.sleep(seconds(0.01))
+    assert sample(m, "wsmode_slow_client_cancellations_total") == 1
+    assert sim.state.cancelled == 1 and sim.state.completed == 0
+    assert sample(m, "wsmode_upstream_bytes_received_total") < 0.2 * TOKENS * 150
+    writer.close()

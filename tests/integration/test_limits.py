@@ -49,6 +49,8 @@ async def test_max_queued_creates_per_connection(
         err = await recv(ws)
         assert err["type"] == "error" and err["status"] == 429
         assert err["error"]["code"] == "too_many_queued_requests"
+        m = await scrape(proxy)
+        assert sample(m, "wsmode_queued_creates") == 2
         done = [(await until_terminal(ws))[-1] for _ in range(3)]
         assert [d["response"]["metadata"]["i"] for d in done] == ["0", "1", "2"]
         await send(ws, create(input="later"))
