@@ -123,8 +123,8 @@ class ClientConnection:
                     await self._execute(self.session.client_gone())
                     for task in self.pumps.values():
                         task.cancel()
-                    if self._drain_task is not None:
-                        self._drain_task.cancel()
+                    if self._drain_task is not None and not self.ws.closed:
+                        self._drain_task.cancel()  # still waiting; a closing one finishes
         except Exception:
             self.ops.metrics.errors.inc()
             log.exception("connection %s failed: internal error", self.id)
