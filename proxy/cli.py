@@ -20,6 +20,33 @@ def _settings(config: str | None, overrides: dict[str, Any]) -> Settings:
         raise click.UsageError(str(exc)) from exc
 
 
+# Every key of the config file is also a flag: --set section.key=value (repeatable).
+SET_OPTION = click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="SECTION.KEY=VALUE",
+    help="Any setting of config/wsmode.example.toml, e.g. --set server.max_connections=100 "
+    "(lists: comma-separated). Wins over the file and the environment.",
+)
+
+
+def _parse_sets(sets: tuple[str, ...]) -> dict[str, Any]:
+    import dataclasses
+
+    sections = {f.name: f.type for f in dataclasses.fields(Settings)}
+    out: dict[str, Any] = {}
+    for item in sets:
+        dotted, eq, value = item.partition("=")
+        section, dot, key = dotted.strip().partition(".")
+        if not eq or not dot or not key:
+            raise click.UsageError(f"--set expects SECTION.KEY=VALUE, got {item!r}")
+        if section not in sections:
+            raise click.UsageError(f"unknown config section [{section}] in --set {item!r}")
+        out[f"{section}.{key}"] = value
+    return out
+
+
 @click.group()
 @click.version_option(__version__, prog_name="wsmode")
 def main() -> None:
@@ -47,6 +74,7 @@ def main() -> None:
     type=click.Choice(["text", "json"]),
     help="Log lines as text or JSON. [WSMODE_SERVER_LOG_FORMAT]",
 )
+@SET_OPTION
 def serve(
     host: str | None,
     port: int | None,
@@ -54,6 +82,7 @@ def serve(
     config: str | None,
     log_level: str | None,
     log_format: str | None,
+    sets: tuple[str, ...],
 ) -> None:
     """Serve WebSocket mode on /v1/responses in front of a stateless upstream.
 
@@ -71,6 +100,7 @@ def serve(
             "upstream.url": upstream,
             "server.log_level": log_level,
             "server.log_format": log_format,
+            **_parse_sets(sets),
         },
     )
     configure(settings.server.log_level, settings.server.log_format)
@@ -102,13 +132,14 @@ def _check_runtime(settings: Settings) -> None:
     type=click.Path(exists=True, dir_okay=False),
     help="TOML config file to check. [WSMODE_CONFIG]",
 )
-def check_config(config: str | None) -> None:
+@SET_OPTION
+def check_config(config: str | None, sets: tuple[str, ...]) -> None:
     """Validate the configuration (file + WSMODE_* variables) and print the effective
     settings as TOML, secrets redacted. Exits 2 on an invalid configuration."""
     from proxy.auth import Authenticator
     from proxy.config import redacted
 
-    settings = _settings(config, {})
+    settings = _settings(config, _parse_sets(sets))
     _check_runtime(settings)
     auth = Authenticator.from_settings(settings.auth)
     click.echo(f"# wsmode {__version__}: configuration OK", err=True)

@@ -159,3 +159,34 @@ async def test_drain_in_process_metrics(proxy: Proxy) -> None:
     m = await scrape(proxy)
     assert sample(m, "wsmode_connections_total", close_class="going_away") == 1
     assert sample(m, "wsmode_draining") == 1
+
+
+def test_every_setting_is_a_flag() -> None:
+    import os
+    import sys
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "proxy.cli",
+            "check-config",
+            "--set",
+            "server.max_connections=9",
+            "--set",
+            "usage.queue_size=3",
+        ],
+        env={**os.environ, "WSMODE_SERVER_MAX_CONNECTIONS": "5"},
+        capture_output=True,
+        text=True,
+        timeout=seconds(30),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "max_connections = 9" in out.stdout and "queue_size = 3" in out.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "serve", "--set", "server.prot=1"],
+        capture_output=True,
+        text=True,
+        timeout=seconds(30),
+    )
+    assert bad.returncode == 2 and "unknown config key server.prot" in bad.stderr

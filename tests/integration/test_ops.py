@@ -223,3 +223,45 @@ async def test_keys_never_logged(
     for secret in (KEY, upstream_key, "sk-wrong-key-1"):
         assert secret not in text
     assert not any('"role"' in r.getMessage() for r in ours)  # no payloads
+
+
+async def test_a_bug_is_logged_with_traceback_and_closes_1011(
+    proxy: Proxy, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug (here: an exception planted in the session) closes only its socket with 1011,
+    is logged at ERROR with its traceback and counted; HTTP routes answer 500."""
+    from proxy.core.session import Session
+    from proxy.http_front import HttpExchange
+
+    real = Session.client_message
+
+    def planted(self: Session, data: str | bytes) -> Any:
+        if "boom" in str(data):
+            raise RuntimeError("planted bug")
+        return real(self, data)
+
+    async def planted_http(self: HttpExchange, body: Any, nbytes: int = 0) -> Any:
+        raise RuntimeError("planted http bug")
+
+    monkeypatch.setattr(Session, "client_message", planted)
+    monkeypatch.setattr(HttpExchange, "run", planted_http)
+    async with connect(proxy.ws) as healthy, connect(proxy.ws) as ws:
+        await send(ws, create(input="boom"))
+        await ws.wait_closed()
+        assert ws.close_code == 1011
+        await send(healthy, create(input="fine"))  # other connections are untouched
+        assert (await until_terminal(healthy))[-1]["type"] == "response.completed"
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{proxy.http}/responses", json={"model": "sim", "input": "x"}) as r,
+    ):
+        assert r.status == 500 and (await r.json())["error"]["code"] == "internal_error"
+    errors = [
+        r for r in caplog.records if r.levelno == logging.ERROR and r.name.startswith("wsmode")
+    ]
+    assert len(errors) == 2 and all(r.exc_info for r in errors)
+    traces = [logging.Formatter().formatException(r.exc_info) for r in errors if r.exc_info]
+    assert "planted bug" in traces[0] and "planted http bug" in traces[1]
+    m = await scrape(proxy)
+    assert sample(m, "wsmode_internal_errors_total") == 2
+    assert sample(m, "wsmode_connections_total", close_class="internal_error") == 1
