@@ -193,6 +193,12 @@ class Runner:
         self.kills = 0
 
     async def conversation(self, conv: Conversation, turns: int) -> None:
+        try:
+            await self._conversation(conv, turns)
+        except Exception as exc:  # a broken connection or a timeout fails this conversation
+            conv.problems.append(f"{type(exc).__name__}: {exc}")
+
+    async def _conversation(self, conv: Conversation, turns: int) -> None:
         rng = random.Random(self.cfg.seed * 100_003 + conv.index)
         slow = conv.index % 4 == 1
         vanisher = conv.index % 4 == 2
