@@ -23,6 +23,7 @@ from proxy.core.session import SessionLimits, UpstreamPolicy
 from proxy.core.store import MemoryStore
 from proxy.dialect_setup import make_dialect, probe
 from proxy.http_front import create_response, delete_response, get_response, input_items
+from proxy.ops import OPS, install
 from proxy.passthrough import passthrough
 from proxy.sim.app import create_sim_app
 from proxy.state import APP_STATE, AppState
@@ -41,13 +42,15 @@ async def _responses(request: web.Request) -> web.StreamResponse:
 
 async def _healthz(request: web.Request) -> web.Response:
     state = request.app[APP_STATE]
+    draining = request.app[OPS].draining
     return web.json_response(
         {
-            "status": "ok",
+            "status": "draining" if draining else "ok",
             "upstream": state.upstream_url,
             "simulated_upstream": state.simulated,
             "dialect": state.policy.dialect.name,
-        }
+        },
+        status=503 if draining else 200,
     )
 
 
@@ -84,6 +87,7 @@ def create_app(settings: Settings) -> web.Application:
     )
     app.cleanup_ctx.append(_lifecycle)
     app.cleanup_ctx.append(tokenizer_lifecycle)
+    install(app, settings, budget, app[APP_STATE].upstream.gate)  # issue 7: ops middleware
     app.router.add_get("/healthz", _healthz)
     app.router.add_route("*", "/v1/responses", _responses)
     app.router.add_post("/v1/responses/compact", compact_response)

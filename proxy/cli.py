@@ -20,6 +20,33 @@ def _settings(config: str | None, overrides: dict[str, Any]) -> Settings:
         raise click.UsageError(str(exc)) from exc
 
 
+# Every key of the config file is also a flag: --set section.key=value (repeatable).
+SET_OPTION = click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="SECTION.KEY=VALUE",
+    help="Any setting of config/wsmode.example.toml, e.g. --set server.max_connections=100 "
+    "(lists: comma-separated). Wins over the file and the environment.",
+)
+
+
+def _parse_sets(sets: tuple[str, ...]) -> dict[str, Any]:
+    import dataclasses
+
+    sections = {f.name: f.type for f in dataclasses.fields(Settings)}
+    out: dict[str, Any] = {}
+    for item in sets:
+        dotted, eq, value = item.partition("=")
+        section, dot, key = dotted.strip().partition(".")
+        if not eq or not dot or not key:
+            raise click.UsageError(f"--set expects SECTION.KEY=VALUE, got {item!r}")
+        if section not in sections:
+            raise click.UsageError(f"unknown config section [{section}] in --set {item!r}")
+        out[f"{section}.{key}"] = value
+    return out
+
+
 @click.group()
 @click.version_option(__version__, prog_name="wsmode")
 def main() -> None:
@@ -42,16 +69,28 @@ def main() -> None:
     help="TOML config file (see config/wsmode.example.toml). [WSMODE_CONFIG]",
 )
 @click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR. [WSMODE_SERVER_LOG_LEVEL]")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="Log lines as text or JSON. [WSMODE_SERVER_LOG_FORMAT]",
+)
+@SET_OPTION
 def serve(
     host: str | None,
     port: int | None,
     upstream: str | None,
     config: str | None,
     log_level: str | None,
+    log_format: str | None,
+    sets: tuple[str, ...],
 ) -> None:
-    """Serve WebSocket mode on /v1/responses in front of a stateless upstream."""
-    from proxy.app import create_app
+    """Serve WebSocket mode on /v1/responses in front of a stateless upstream.
+
+    On SIGTERM it drains: see server.drain_grace_seconds."""
+    import asyncio
+
     from proxy.logs import configure
+    from proxy.serve import serve as run_server
 
     settings = _settings(
         config,
@@ -60,22 +99,73 @@ def serve(
             "server.port": port,
             "upstream.url": upstream,
             "server.log_level": log_level,
+            "server.log_format": log_format,
+            **_parse_sets(sets),
         },
     )
-    configure(settings.server.log_level)
+    configure(settings.server.log_level, settings.server.log_format)
+    _check_runtime(settings)
     click.echo(
         f"wsmode {__version__} listening on ws://{settings.server.host}:{settings.server.port}"
         f"/v1/responses (clients use base URL http://{settings.server.host}:"
         f"{settings.server.port}/v1)",
         err=True,
     )
-    web.run_app(
-        create_app(settings),
-        host=settings.server.host,
-        port=settings.server.port,
-        print=None,
-        access_log=None,
-    )
+    asyncio.run(run_server(settings))
+
+
+def _check_runtime(settings: Settings) -> None:
+    """What load_settings cannot check alone: files the settings point at."""
+    from proxy.auth import Authenticator
+
+    try:
+        Authenticator.from_settings(settings.auth)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+@main.command("check-config")
+@click.option(
+    "--config",
+    "config",
+    envvar="WSMODE_CONFIG",
+    type=click.Path(exists=True, dir_okay=False),
+    help="TOML config file to check. [WSMODE_CONFIG]",
+)
+@SET_OPTION
+def check_config(config: str | None, sets: tuple[str, ...]) -> None:
+    """Validate the configuration (file + WSMODE_* variables) and print the effective
+    settings as TOML, secrets redacted. Exits 2 on an invalid configuration."""
+    from proxy.auth import Authenticator
+    from proxy.config import redacted
+
+    settings = _settings(config, _parse_sets(sets))
+    _check_runtime(settings)
+    auth = Authenticator.from_settings(settings.auth)
+    click.echo(f"# wsmode {__version__}: configuration OK", err=True)
+    if auth is not None:
+        click.echo(f"# proxy auth on: {len(auth)} accepted key(s)", err=True)
+    click.echo(_toml(redacted(settings)), nl=False)
+
+
+def _toml(doc: dict[str, dict[str, Any]]) -> str:
+    import json
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return json.dumps(v)
+
+    out: list[str] = []
+    for section, table in doc.items():
+        out.append(f"[{section}]")
+        out += [f"{k} = {value(v)}" for k, v in table.items()]
+        out.append("")
+    return "\n".join(out)
 
 
 @main.command()
@@ -176,6 +266,58 @@ def sim(
         access_log=None,
         handler_cancellation=True,
     )
+
+
+@main.command()
+@click.option("--connections", type=int, default=8, show_default=True, help="Conversations.")
+@click.option("--turns", type=int, default=10, show_default=True, help="Turns each.")
+@click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds, at most.")
+@click.option(
+    "--fault-rate",
+    type=float,
+    default=0.1,
+    show_default=True,
+    help="Share of turns whose upstream stream is cut mid-event.",
+)
+@click.option(
+    "--upstream-kills",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Times the upstream process is killed (SIGKILL) and restarted.",
+)
+@click.option(
+    "--rss-tolerance-mb",
+    type=float,
+    default=16.0,
+    show_default=True,
+    help="Allowed growth of the proxy's resident memory over its warm baseline.",
+)
+@click.option("--seed", type=int, default=1, show_default=True)
+def soak(
+    connections: int,
+    turns: int,
+    duration: float,
+    fault_rate: float,
+    upstream_kills: int,
+    rss_tolerance_mb: float,
+    seed: int,
+) -> None:
+    """Soak a real proxy process on loopback with injected faults; exit 1 on any failure.
+
+    The last line is `N passed, N failed`."""
+    import asyncio
+
+    from proxy.soak import SoakConfig, run
+
+    cfg = SoakConfig(
+        connections, turns, duration, fault_rate, upstream_kills, seed, rss_tolerance_mb
+    )
+    passed, failed, lines = asyncio.run(run(cfg))
+    for line in lines:
+        click.echo(line)
+    click.echo(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -5,19 +5,33 @@ the connection's TaskGroup; a pump reads raw chunks, decodes SSE and hands each 
 session. When the client goes away, every pump is cancelled, which closes its upstream
 connection. An exception that escapes a pump is a bug: it is logged with a traceback and the
 socket closes with 1011.
+
+Backpressure: a write waits while more than `server.outbound_buffer_bytes` are queued for the
+client (our write buffer; the kernel's send buffer is asked for the same size), and the pump
+waits on the write, so the upstream is not read meanwhile. A write blocked for
+`server.send_timeout` cancels its response: the upstream request is closed and the client,
+once it reads again, finds `response.failed` and an `error` with code `client_too_slow`.
+
+Drain: `begin_drain` refuses further creates (503 `server_draining`), lets the responses in
+flight finish for the grace period, then closes the socket with 1001.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
+import socket
 import time
 from collections.abc import Iterable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from proxy.core import wire
 from proxy.core.context import CountTokens, Summarise
 from proxy.core.conversation import ResponseCache
+from proxy.core.errors import UpstreamError
 from proxy.core.ids import new_id
 from proxy.core.session import (
     Action,
@@ -29,36 +43,56 @@ from proxy.core.session import (
     StartUpstream,
 )
 from proxy.core.store import owner_of
+from proxy.ops import CLOSE_CODE, OPS, REQUEST_ID
 from proxy.state import AppState
 from proxy.summary import upstream_action
+from proxy.tracking import RunTracker
 from proxy.upstream_http import FORWARDED_HEADERS
 
 log = logging.getLogger("wsmode.ws")
+
+
+class ClientTooSlow(Exception):
+    """A write to the client stayed blocked for `server.send_timeout`."""
 
 
 class ClientConnection:
     def __init__(self, state: AppState, request: web.Request) -> None:
         self.state = state
         self.request = request
+        self.ops = request.app[OPS]
         self.id = new_id("conn")[:17]
         s = state.settings
         self.ws = web.WebSocketResponse(
             max_msg_size=s.server.max_message_bytes,
             compress=s.server.compression,
             autoping=True,
+            heartbeat=s.server.ping_interval or None,
+            # past this many bytes written since the last check, a write waits for the
+            # transport to fall below its high-water mark (set in `_bound_buffers`)
+            writer_limit=max(1024, s.server.outbound_buffer_bytes // 2),
         )
-        cache = ResponseCache(
+        self.cache = ResponseCache(
             state.cache_budget, s.cache.connection_max_entries, s.cache.connection_max_bytes
         )
+        owner = owner_of(request.headers.get("Authorization"))
         self.session = Session(
-            cache=cache,
+            cache=self.cache,
             policy=state.policy,
             limits=state.session_limits,
             clock=time.time,
             new_id=new_id,
             store=state.store,
-            owner=owner_of(request.headers.get("Authorization")),
+            owner=owner,
             context=state.context,
+        )
+        self.tracker = RunTracker(
+            self.ops.metrics,
+            self.ops.usage,
+            state.policy.dialect.name,
+            owner,
+            f"connection {self.id}",
+            request.get(REQUEST_ID),
         )
         self.upstream_headers = {
             k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS
@@ -66,16 +100,27 @@ class ClientConnection:
         self.pumps: dict[int, asyncio.Task[None]] = {}
         self.tg: asyncio.TaskGroup | None = None
         self.responses = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.send_timeout = s.server.send_timeout or None
+        self.draining = False
+        self._idle = asyncio.Event()
+        self._drain_task: asyncio.Task[None] | None = None
 
     async def run(self) -> web.WebSocketResponse:
         ws = self.ws
         await ws.prepare(self.request)
+        self._bound_buffers()
         log.info("connection %s open from %s", self.id, self.request.remote)
+        self.ops.register(self, self.cache)
         try:
             async with asyncio.TaskGroup() as tg:
                 self.tg = tg
                 lifetime = self.state.settings.server.connection_lifetime_seconds
                 timer = tg.create_task(self._expire_after(lifetime)) if lifetime > 0 else None
+                if self.draining:  # drain began between the handshake and here
+                    grace = self.state.settings.server.drain_grace_seconds
+                    self._drain_task = tg.create_task(self._drain(grace))
                 try:
                     await self._read()
                 finally:
@@ -84,12 +129,22 @@ class ClientConnection:
                     await self._execute(self.session.client_gone())
                     for task in self.pumps.values():
                         task.cancel()
+                    if self._drain_task is not None and not self.ws.closed:
+                        self._drain_task.cancel()  # still waiting; a closing one finishes
         except Exception:
+            self.ops.metrics.errors.inc()
             log.exception("connection %s failed: internal error", self.id)
-            if not ws.closed:
-                await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"internal error")
+            await self._close(WSCloseCode.INTERNAL_ERROR, b"internal error")
+        finally:
+            self.tracker.clear()
+            self.ops.unregister(self, self.cache)
         log.info(
-            "connection %s closed code=%s responses=%d", self.id, ws.close_code, self.responses
+            "connection %s closed code=%s responses=%d bytes_in=%d bytes_out=%d",
+            self.id,
+            self.request.get(CLOSE_CODE, ws.close_code),
+            self.responses,
+            self.bytes_in,
+            self.bytes_out,
         )
         return ws
 
@@ -97,32 +152,107 @@ class ClientConnection:
         await asyncio.sleep(seconds)
         await self._execute(self.session.lifetime_over())
 
+    def _bound_buffers(self) -> None:
+        """Make the per-connection outbound bound explicit instead of inheriting defaults:
+        asyncio's 64 KiB high-water mark and the kernel's autotuned send buffer (MiBs)."""
+        transport = self.request.transport
+        if transport is None:
+            return
+        limit = self.state.settings.server.outbound_buffer_bytes
+        transport.set_write_buffer_limits(high=limit // 2)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, limit)
+
+    # ---- drain (called by Ops)
+
+    def begin_drain(self, grace: float) -> None:
+        if self.draining and grace > 0:
+            return
+        self.draining = True
+        if self.tg is not None:  # a second call with grace 0 cuts a running drain short
+            if self._drain_task is not None:
+                self._drain_task.cancel()
+            self._drain_task = self.tg.create_task(self._drain(grace))
+
+    def queued_creates(self) -> int:
+        return self.session.queued_count
+
+    def _check_idle(self) -> None:
+        if self.session.active_count == 0 and self.session.queued_count == 0:
+            self._idle.set()
+        else:
+            self._idle.clear()
+
+    async def _drain(self, grace: float) -> None:
+        self._check_idle()
+        try:
+            async with asyncio.timeout(grace):
+                await self._idle.wait()
+        except TimeoutError:
+            log.info("connection %s: drain grace over, cutting in-flight responses", self.id)
+        await self._close(WSCloseCode.GOING_AWAY, b"server shutting down")
+
+    async def _close(self, code: int, reason: bytes) -> None:
+        if not self.ws.closed:
+            self.request[CLOSE_CODE] = code
+            await self.ws.close(code=code, message=reason)
+
+    # ---- reading
+
     async def _read(self) -> None:
         ws = self.ws
+        debug = log.isEnabledFor(logging.DEBUG)
         async for msg in ws:
             if msg.type is WSMsgType.TEXT:
-                self.state.client_bytes_received += len(msg.data.encode())
-                await self._execute(self.session.client_message(msg.data))
+                data: str = msg.data
+                size = len(data)
+                self.bytes_in += size
+                self.state.client_bytes_received += size
+                if debug:
+                    log.debug("connection %s received a %d-byte message", self.id, size)
+                if self.draining and _is_create(data):
+                    await self._execute([Send(_DRAINING_ERROR)])
+                    continue
+                call = functools.partial(self.session.client_message, data)
+                await self._execute(self.tracker.feed(self.session, call, size))
             elif msg.type is WSMsgType.BINARY:
                 # PROTOCOL 1: text frames only; RFC 6455 1003 = data it cannot accept
-                await ws.close(
-                    code=WSCloseCode.UNSUPPORTED_DATA, message=b"binary frames are not supported"
-                )
+                await self._close(WSCloseCode.UNSUPPORTED_DATA, b"binary frames are not supported")
                 return
             elif msg.type is WSMsgType.ERROR:
                 # aiohttp already closed with the matching code (1009 too big, 1007 bad UTF-8)
                 log.info("connection %s protocol error: %s", self.id, ws.exception())
                 return
 
-    async def _execute(self, actions: Iterable[Action]) -> None:
+    # ---- executing the session's actions
+
+    async def _execute(self, actions: Iterable[Action], run_id: int | None = None) -> None:
+        frames: list[bytes] = []  # a run's last events precede its Finished in one batch
         for action in actions:
             if isinstance(action, Send):
+                frames.append(action.frame)
                 if self.ws.closed:
                     continue
+                frame = action.frame
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug(
+                        "connection %s sends %s (%d bytes)", self.id, _kind(frame), len(frame)
+                    )
                 try:
-                    await self.ws.send_frame(action.frame, WSMsgType.TEXT)
+                    async with asyncio.timeout(self.send_timeout):
+                        await self.ws.send_frame(frame, WSMsgType.TEXT)
                 except ConnectionError:
                     continue  # the reader sees the close and cleans up
+                except TimeoutError:
+                    # the frame is already queued; only the wait for room timed out
+                    self.bytes_out += len(frame)
+                    if run_id is not None:
+                        raise ClientTooSlow from None
+                    continue
+                self.bytes_out += len(frame)
+                self.ops.metrics.client_bytes_sent.inc(len(frame))
             elif isinstance(action, StartUpstream | Summarise):
                 assert self.tg is not None
                 self.pumps[action.run_id] = self.tg.create_task(self._pump(action))
@@ -131,13 +261,19 @@ class ClientConnection:
                 if task is not None and task is not asyncio.current_task():
                     task.cancel()
             elif isinstance(action, Close):
-                await self.ws.close(code=action.code, message=action.reason.encode())
+                await self._close(action.code, action.reason.encode())
             elif isinstance(action, Finished):
                 self.responses += 1
+                self.tracker.finished(action, frames[-2:])
+                frames = []
             elif isinstance(action, CountTokens) and self.state.tokenizer is not None:
                 self.state.tokenizer.submit(action.jobs, self.upstream_headers)
+        if self.draining:
+            self._check_idle()
 
     async def _pump(self, start: StartUpstream | Summarise) -> None:
+        run_id = start.run_id
+        trace = self.tracker.start(start) if isinstance(start, StartUpstream) else None
         try:
             await upstream_action(
                 self.state.upstream,
@@ -145,9 +281,59 @@ class ClientConnection:
                 start,
                 self.upstream_headers,
                 self.state.settings.upstream.max_event_bytes,
-                self._execute,
+                lambda actions: self._execute(actions, run_id),
                 f"connection {self.id}",
+                trace,
             )
+        except ClientTooSlow:
+            # leaving pump() closed the upstream request; tell the client (the frames queue
+            # behind what it has not read) and free the lane for its next create
+            timeout = self.state.settings.server.send_timeout
+            log.warning(
+                "connection %s: client read nothing for %gs; response cancelled", self.id, timeout
+            )
+            self.ops.metrics.slow_client_cancellations.inc()
+            if trace is not None:
+                trace.error_counted = True
+            err = UpstreamError(
+                f"The response was cancelled: the client did not read its events for {timeout:g}s.",
+                status=408,
+                type="invalid_request_error",
+                code="client_too_slow",
+                started=True,
+            )
+            await self._execute(self.session.upstream_failed(run_id, err))
         finally:
-            if self.pumps.get(start.run_id) is asyncio.current_task():
-                del self.pumps[start.run_id]
+            if self.pumps.get(run_id) is asyncio.current_task():
+                del self.pumps[run_id]
+
+
+_DRAINING_ERROR = wire.dumps(
+    {
+        "type": "error",
+        "status": 503,
+        "error": {
+            "type": "server_error",
+            "code": "server_draining",
+            "message": "The server is shutting down and takes no new responses; reconnect.",
+            "param": None,
+        },
+    }
+)
+
+
+def _is_create(data: str) -> bool:
+    try:
+        msg = wire.loads(data)
+    except wire.JSONDecodeError:
+        return False
+    return isinstance(msg, dict) and msg.get("type") == "response.create"
+
+
+def _kind(frame: bytes) -> str:
+    try:
+        ev = wire.loads(frame)
+    except wire.JSONDecodeError:
+        return "?"
+    kind = ev.get("type") if isinstance(ev, dict) else None
+    return kind if isinstance(kind, str) else "?"

@@ -22,6 +22,8 @@ from proxy.core.sealing import decode_key
 from proxy.sim.app import SimSettings
 
 MiB = 1024 * 1024
+SECRET = {"secret": True}  # field metadata: never printed by `wsmode check-config`
+LOG_FORMATS = ("text", "json")
 
 
 class ConfigError(ValueError):
@@ -36,6 +38,14 @@ class ServerSettings:
     compression: bool = False  # permessage-deflate; costly on large frames
     connection_lifetime_seconds: float = 3600.0  # then websocket_connection_limit_reached
     log_level: str = "INFO"
+    # ---- operations (issue 7)
+    log_format: str = "text"  # text or json
+    max_connections: int = 4096  # open WebSocket connections; beyond it an upgrade gets 503
+    ping_interval: float = 30.0  # server pings; a peer silent for 1.5x this is reaped; 0: off
+    outbound_buffer_bytes: int = 1 * MiB  # per connection, queued for a client not reading
+    send_timeout: float = 30.0  # a response blocked this long on a full buffer is cancelled
+    drain_grace_seconds: float = 30.0  # on SIGTERM, how long in-flight responses may finish
+    metrics: bool = True  # serve Prometheus metrics on /metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +58,11 @@ class UpstreamSettings:
     read_timeout: float = 300.0  # longest silence mid-stream; there is no total timeout
     max_event_bytes: int = 64 * MiB  # one SSE event (a response.completed can be large)
     max_error_body_bytes: int = 64 * 1024
-    max_connections: int = 256  # pooled HTTP connections to the upstream
+    max_connections: int = 256  # pooled HTTP connections = concurrent upstream requests
+    # ---- operations (issue 7)
+    max_queued_requests: int = 1024  # requests waiting for one of max_connections
+    queue_timeout: float = 30.0  # longest wait for a free upstream connection
+    api_key: str = field(default="", metadata=SECRET)  # set: replaces the client's credential
     context_window: int = 0  # tokens; 0 = unknown (no truncation, no overflow check)
 
 
@@ -136,6 +150,22 @@ class SidecarSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class AuthSettings:
+    # Proxy API keys clients must present as `Authorization: Bearer KEY`; none: no auth.
+    api_keys: tuple[str, ...] = field(default=(), metadata=SECRET)
+    api_key_hashes_file: str = ""  # lines of sha256 hex digests of accepted keys
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSettings:
+    jsonl_path: str = ""  # append one JSON record per response to this file
+    webhook_url: str = field(default="", metadata=SECRET)  # or POST batches of records here
+    queue_size: int = 10_000  # records waiting for the writer; beyond it they are dropped
+    batch_size: int = 100  # records per write or POST
+    webhook_timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
@@ -144,6 +174,8 @@ class Settings:
     limits: LimitsSettings = field(default_factory=LimitsSettings)
     tokens: TokensSettings = field(default_factory=TokensSettings)
     compaction: CompactionSettings = field(default_factory=CompactionSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    usage: UsageSettings = field(default_factory=UsageSettings)
     sim: SimSettings = field(default_factory=SimSettings)
     sidecar: SidecarSettings = field(default_factory=SidecarSettings)
     chat: ChatSettings = field(default_factory=ChatSettings)
@@ -195,6 +227,12 @@ def _coerce(section: str, key: str, value: Any, kind: Any) -> Any:
                 pass
     elif kind is str and isinstance(value, str):
         return value
+    elif typing.get_origin(kind) is tuple:  # tuple[str, ...]: a TOML array or "a,b" in env
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        kind = list
     raise ConfigError(f"{where}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
 
 
@@ -259,7 +297,15 @@ def _validate(s: Settings) -> None:
         raise ConfigError("sidecar.port must be between 0 and 65535")
     if s.sidecar.max_connections < 1:
         raise ConfigError("sidecar.max_connections must be at least 1")
-    for section in (s.server, s.upstream, s.cache, s.store, s.limits, s.sidecar):
+    if s.server.log_format not in LOG_FORMATS:
+        raise ConfigError(f"server.log_format must be one of {', '.join(LOG_FORMATS)}")
+    if s.usage.webhook_url and not s.usage.webhook_url.startswith(("http://", "https://")):
+        raise ConfigError("usage.webhook_url must start with http:// or https://")
+    if s.usage.queue_size < 1 or s.usage.batch_size < 1:
+        raise ConfigError("usage.queue_size and usage.batch_size must be at least 1")
+    if s.server.outbound_buffer_bytes < 1024:
+        raise ConfigError("server.outbound_buffer_bytes must be at least 1024")
+    for section in (s.server, s.upstream, s.cache, s.store, s.limits, s.usage, s.sidecar):
         for f in dataclasses.fields(section):
             value = getattr(section, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
@@ -290,3 +336,21 @@ def _validate_context(s: Settings) -> None:
 
 def as_dict(settings: Settings) -> dict[str, Any]:
     return dataclasses.asdict(settings)
+
+
+def redacted(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The settings as plain data, every secret replaced by a marker (never its value)."""
+    out: dict[str, dict[str, Any]] = {}
+    for section in dataclasses.fields(settings):
+        obj = getattr(settings, section.name)
+        table: dict[str, Any] = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if f.metadata.get("secret") and value:
+                value = [REDACTED] * len(value) if isinstance(value, tuple) else REDACTED
+            table[f.name] = list(value) if isinstance(value, tuple) else value
+        out[section.name] = table
+    return out
+
+
+REDACTED = "<redacted>"

@@ -13,6 +13,8 @@ the store, scoped to the caller's credential.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
 from typing import Any
@@ -25,11 +27,13 @@ from proxy.core.conversation import ResponseCache
 from proxy.core.errors import ClientError, ProxyError
 from proxy.core.events import TERMINAL_TYPES
 from proxy.core.ids import new_id
-from proxy.core.session import Action, Send, Session, StartUpstream
+from proxy.core.session import Action, Finished, Send, Session, StartUpstream
 from proxy.core.store import StoredResponse, owner_of
+from proxy.ops import OPS, REQUEST_ID
 from proxy.passthrough import passthrough
 from proxy.state import APP_STATE, AppState
 from proxy.summary import upstream_action
+from proxy.tracking import RunTracker
 from proxy.upstream_http import FORWARDED_HEADERS
 
 log = logging.getLogger("wsmode.http")
@@ -91,10 +95,20 @@ class HttpExchange:
         self.pending: list[StartUpstream | Summarise] = []
         self.error: dict[str, Any] | None = None  # the first WS error envelope, if any
         self.terminal: dict[str, Any] | None = None
+        ops = request.app[OPS]
+        self.tracker = RunTracker(
+            ops.metrics,
+            ops.usage,
+            state.policy.dialect.name,
+            self.session.owner,
+            f"http {request.remote}",
+            request.get(REQUEST_ID),
+        )
 
-    async def run(self, body: dict[str, Any]) -> web.StreamResponse:
+    async def run(self, body: dict[str, Any], nbytes: int = 0) -> web.StreamResponse:
         try:
-            await self.execute(self.session.create(body))
+            call = functools.partial(self.session.create, body)
+            await self.execute(self.tracker.feed(self.session, call, nbytes))
             # one upstream request; twice on a native fallback or after a compaction's summary
             while self.pending:
                 start = self.pending.pop(0)
@@ -106,6 +120,7 @@ class HttpExchange:
                     self.state.settings.upstream.max_event_bytes,
                     self.execute,
                     f"http {self.request.remote}",
+                    self.tracker.start(start) if isinstance(start, StartUpstream) else None,
                 )
         except ConnectionError:
             self.session.client_gone()  # the client left; leaving pump closed the upstream
@@ -130,13 +145,18 @@ class HttpExchange:
         raise RuntimeError("response ended without a terminal event or an error")
 
     async def execute(self, actions: list[Action]) -> None:
+        frames: list[bytes] = []
         for action in actions:
             if isinstance(action, Send):
+                frames.append(action.frame)
                 await self._frame(action.frame)
             elif isinstance(action, StartUpstream | Summarise):
                 self.pending.append(action)
             elif isinstance(action, CountTokens) and self.state.tokenizer is not None:
                 self.state.tokenizer.submit(action.jobs, self.headers)
+            elif isinstance(action, Finished):
+                self.tracker.finished(action, frames[-2:])
+                frames = []
 
     async def _frame(self, frame: bytes) -> None:
         kind = event_type(frame)
@@ -144,7 +164,7 @@ class HttpExchange:
             ev = wire.loads(frame)
             self.error = self.error or ev
             if self.sse is not None:
-                await self.sse.write(b"event: error\ndata: " + _http_error_event(ev) + b"\n\n")
+                await self._write(b"event: error\ndata: " + _http_error_event(ev) + b"\n\n")
             return
         if kind in TERMINAL_TYPES:
             self.terminal = wire.loads(frame)["response"]
@@ -155,13 +175,33 @@ class HttpExchange:
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
             )
             await self.sse.prepare(self.request)
-        await self.sse.write(b"event: " + kind.encode() + b"\ndata: " + frame + b"\n\n")
+            transport = self.request.transport
+            if transport is not None:  # the same explicit outbound bound as WebSocket mode
+                transport.set_write_buffer_limits(
+                    high=self.state.settings.server.outbound_buffer_bytes // 2
+                )
+        await self._write(b"event: " + kind.encode() + b"\ndata: " + frame + b"\n\n")
+
+    async def _write(self, data: bytes) -> None:
+        """A write waits while the client is not reading (and the upstream is not read
+        meanwhile); past server.send_timeout the exchange is abandoned like a vanished
+        client, which closes the upstream request."""
+        assert self.sse is not None
+        try:
+            async with asyncio.timeout(self.state.settings.server.send_timeout or None):
+                await self.sse.write(data)
+        except TimeoutError:
+            log.warning("http %s: client read nothing for the send timeout", self.request.remote)
+            self.request.app[OPS].metrics.slow_client_cancellations.inc()
+            raise ConnectionResetError("client too slow") from None
 
 
-async def json_object(request: web.Request) -> dict[str, Any]:
+async def json_object(request: web.Request, raw: bytes | None = None) -> dict[str, Any]:
     """The request body as a JSON object, or ClientError `invalid_json`."""
+    if raw is None:
+        raw = await request.read()
     try:
-        body = wire.loads(await request.read())
+        body = wire.loads(raw)
     except wire.JSONDecodeError:
         raise ClientError("The body is not valid JSON.", code="invalid_json") from None
     if not isinstance(body, dict):
@@ -171,8 +211,9 @@ async def json_object(request: web.Request) -> dict[str, Any]:
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     state = request.app[APP_STATE]
+    raw = await request.read()
     try:
-        body = await json_object(request)
+        body = await json_object(request, raw)
     except ClientError as err:
         return error_response(err)
     if body.get("background"):
@@ -186,7 +227,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     body.pop("stream_id", None)  # a WebSocket-only field: lanes mean nothing over HTTP
     stream = body.get("stream") is True
     body["type"] = "response.create"
-    return await HttpExchange(state, request, stream).run(body)
+    return await HttpExchange(state, request, stream).run(body, len(raw))
 
 
 def _not_found(rid: str) -> web.Response:

@@ -17,6 +17,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from proxy.core import wire
+from proxy.core.errors import UpstreamError
 from proxy.state import APP_STATE
 from proxy.upstream_http import UpstreamClient
 
@@ -49,6 +50,20 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 
 async def relay_http(
     request: web.Request, client: UpstreamClient, body: bytes | None = None
+) -> web.StreamResponse:
+    try:
+        async with client.gate.slot():  # passthrough counts against the upstream limit too
+            return await _relay(request, client, body)
+    except UpstreamError as err:
+        return web.Response(
+            status=err.status,
+            body=wire.dumps({"error": err.body()}),
+            content_type="application/json",
+        )
+
+
+async def _relay(
+    request: web.Request, client: UpstreamClient, body: bytes | None
 ) -> web.StreamResponse:
     assert client.session is not None
     # raw_path keeps the client's percent-encoding and query string exactly

@@ -18,6 +18,7 @@ from proxy.core.errors import UpstreamError
 from proxy.core.session import Session, StartUpstream
 from proxy.core.sse import SSEDecoder, SSEEventTooLarge
 from proxy.pump import Execute, pump
+from proxy.tracking import RunTrace
 from proxy.upstream_http import UpstreamClient
 
 log = logging.getLogger("wsmode.compaction")
@@ -59,12 +60,13 @@ async def upstream_action(
     max_event_bytes: int,
     execute: Execute,
     label: str,
+    trace: RunTrace | None = None,
 ) -> None:
-    """Run either kind of upstream request a session asks for."""
+    """Run either kind of upstream request a session asks for (`trace`: a response's)."""
     if isinstance(action, Summarise):
         await summarise(upstream, session, action, headers, max_event_bytes, execute, label)
     else:
-        await pump(upstream, session, action, headers, max_event_bytes, execute, label)
+        await pump(upstream, session, action, headers, max_event_bytes, execute, label, trace)
 
 
 async def summarise(

@@ -9,16 +9,64 @@ here, at the boundary, so the core never sees an aiohttp type.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
 import aiohttp
 
 from proxy.config import UpstreamSettings
 from proxy.core.errors import UpstreamError, upstream_http_error
+from proxy.logs import request_id_var
 
 # Request headers a client may send that the upstream should see too.
 FORWARDED_HEADERS = ("authorization", "openai-organization", "openai-project", "x-request-id")
+
+
+def overloaded(message: str) -> UpstreamError:
+    return UpstreamError(message, status=503, code="upstream_overloaded")
+
+
+class UpstreamGate:
+    """At most `limit` upstream requests at once (0: no limit); at most `max_waiting` wait,
+    each for at most `timeout` seconds. Beyond either bound: `upstream_overloaded` (503)."""
+
+    def __init__(self, limit: int, max_waiting: int, timeout: float) -> None:
+        self.limit = limit
+        self.max_waiting = max_waiting
+        self.timeout = timeout
+        self.active = 0
+        self.waiting = 0
+        self._sem = asyncio.Semaphore(limit) if limit > 0 else None
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        sem = self._sem
+        if sem is not None:
+            if sem.locked():
+                if self.waiting >= self.max_waiting:
+                    raise overloaded(
+                        f"the proxy has {self.limit} upstream requests in flight and "
+                        f"{self.waiting} waiting; try again later"
+                    )
+                self.waiting += 1
+                try:
+                    async with asyncio.timeout(self.timeout or None):
+                        await sem.acquire()
+                except TimeoutError:
+                    raise overloaded(
+                        f"no upstream connection became free within {self.timeout:g}s"
+                    ) from None
+                finally:
+                    self.waiting -= 1
+            else:
+                await sem.acquire()
+        self.active += 1
+        try:
+            yield
+        finally:
+            self.active -= 1
+            if sem is not None:
+                sem.release()
 
 
 class UpstreamClient:
@@ -26,6 +74,21 @@ class UpstreamClient:
         self.base_url = base_url.rstrip("/")
         self.settings = settings
         self.session: aiohttp.ClientSession | None = None
+        self.gate = UpstreamGate(
+            settings.max_connections, settings.max_queued_requests, settings.queue_timeout
+        )
+
+    async def _outgoing(
+        self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+    ) -> aiohttp.ClientResponse:
+        """Client middleware for every upstream request (model calls and passthrough alike):
+        the configured credential replaces the client's, and the request id travels along."""
+        if self.settings.api_key:
+            request.headers["Authorization"] = f"Bearer {self.settings.api_key}"
+        rid = request_id_var.get()
+        if rid:
+            request.headers["X-Request-Id"] = rid
+        return await handler(request)
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=self.settings.max_connections)
@@ -36,7 +99,10 @@ class UpstreamClient:
         )
         # auto_decompress off: passthrough relays bodies byte for byte, encoding included
         self.session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False
+            connector=connector,
+            timeout=timeout,
+            auto_decompress=False,
+            middlewares=(self._outgoing,),
         )
 
     async def close(self) -> None:
@@ -45,9 +111,16 @@ class UpstreamClient:
 
     @asynccontextmanager
     async def stream(
-        self, path: str, body: bytes, headers: Mapping[str, str]
+        self,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        on_sent: Callable[[], None] | None = None,
     ) -> AsyncIterator[AsyncIterator[bytes]]:
         """POST `body` and yield an iterator over the raw chunks of a 200 answer.
+
+        The request first waits for a slot of the gate (`upstream_overloaded` if it cannot
+        get one); `on_sent` is called when it has one and the request goes out.
 
         A non-200 answer raises `UpstreamError` with its status and error body. Network
         failures and timeouts raise `UpstreamError` too, from the request or from the chunk
@@ -62,24 +135,27 @@ class UpstreamClient:
             "Accept-Encoding": "identity",
             **headers,
         }
-        try:
-            resp = await self.session.post(self.base_url + path, data=body, headers=send)
-            if resp.status != 200:
-                try:
-                    raise upstream_http_error(resp.status, await self._error_body(resp))
-                finally:
+        async with self.gate.slot():
+            if on_sent is not None:
+                on_sent()
+            try:
+                resp = await self.session.post(self.base_url + path, data=body, headers=send)
+                if resp.status != 200:
+                    try:
+                        raise upstream_http_error(resp.status, await self._error_body(resp))
+                    finally:
+                        resp.release()
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                raise self._translate(exc, started=False) from exc
+            complete = False
+            try:
+                yield self._chunks(resp)
+                complete = await self._drain(resp)
+            finally:
+                if complete:
                     resp.release()
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise self._translate(exc, started=False) from exc
-        complete = False
-        try:
-            yield self._chunks(resp)
-            complete = await self._drain(resp)
-        finally:
-            if complete:
-                resp.release()
-            else:
-                resp.close()
+                else:
+                    resp.close()
 
     def _translate(self, exc: BaseException, started: bool) -> UpstreamError:
         if isinstance(exc, TimeoutError):

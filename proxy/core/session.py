@@ -292,6 +292,10 @@ class Session:
     def is_active(self, run_id: int) -> bool:
         return run_id in self._runs
 
+    def run_ids(self) -> set[int]:
+        """Ids of the runs queued or in flight (adapters trace new runs with it)."""
+        return set(self._runs)
+
     @property
     def active_count(self) -> int:
         return sum(1 for r in self._runs.values() if r.state is not RunState.QUEUED)

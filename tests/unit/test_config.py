@@ -23,7 +23,9 @@ def test_example_documents_every_key_with_its_default() -> None:
         names = {f.name for f in dataclasses.fields(obj)}
         assert set(table) == names, f"[{section.name}] keys differ from the settings"
         for key in names:
-            assert table[key] == getattr(obj, key), f"{section.name}.{key} default differs"
+            value = getattr(obj, key)
+            value = list(value) if isinstance(value, tuple) else value
+            assert table[key] == value, f"{section.name}.{key} default differs"
     assert load_settings(EXAMPLE) == defaults
 
 

@@ -195,7 +195,8 @@ class ResponsesStream:
         raise UpstreamError(
             str(inner.get("message") or "upstream reported an error"),
             started=True,
-            status=status if isinstance(status, int) else 500,
+            # an error status, or 500 (bool is an int to Python; found by fuzzing, issue 7)
+            status=status if type(status) is int and 400 <= status <= 599 else 500,
             code=inner.get("code") if isinstance(inner.get("code"), str) else "server_error",
             param=inner.get("param") if isinstance(inner.get("param"), str) else None,
             type=etype if isinstance(etype, str) else "server_error",

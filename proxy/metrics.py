@@ -1,0 +1,205 @@
+"""Prometheus metrics: one `CollectorRegistry` per app, never the global one.
+
+Counters and histograms are updated where things happen (the ops middleware, the pump, the
+run tracker). Gauges that describe state (open connections, cache size, queued creates) are
+read when /metrics is scraped, from the live objects, so they cannot drift. Labels are
+low-cardinality by construction: close-code classes, outcomes, dialects, error kinds, and
+route templates rather than paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from proxy.core.conversation import CacheBudget
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Time to first event can be milliseconds (a warm local model) or a minute (a long prompt).
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+def close_class(code: int | None) -> str:
+    """RFC 6455 close codes grouped by what an operator does about them."""
+    if code in (1000, 1005):
+        return "normal"
+    if code == 1001:
+        return "going_away"
+    if code in (1002, 1003, 1007, 1008, 1009, 1010):
+        return "client_error"
+    if code == 1011:
+        return "internal_error"
+    if code == 1013:
+        return "overloaded"
+    if code is None or code == 1006:
+        return "abnormal"
+    return "other"
+
+
+class CacheTotals:
+    """Hit, miss and eviction counts of connection caches, live and closed ones summed."""
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+
+class _StateCollector(Collector):
+    def __init__(self, read: Callable[[], Iterable[Metric]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[Metric]:
+        return self._read()
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.connections = Counter(
+            "wsmode_connections",
+            "WebSocket connections closed, by close-code class.",
+            ["close_class"],
+            registry=r,
+        )
+        self.connections_rejected = Counter(
+            "wsmode_connections_rejected",
+            "WebSocket upgrades refused, by reason (limit, draining, auth).",
+            ["reason"],
+            registry=r,
+        )
+        self.responses = Counter(
+            "wsmode_responses",
+            "Responses ended, by outcome and upstream dialect.",
+            ["outcome", "dialect"],
+            registry=r,
+        )
+        self.first_event = Histogram(
+            "wsmode_time_to_first_event_seconds",
+            "From a create arriving to its first event sent: total, upstream (request sent to "
+            "first upstream byte) and proxy (the rest: queueing, rebuilding, writing).",
+            ["part"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "wsmode_response_duration_seconds",
+            "From a create arriving to its terminal event sent: total, upstream (request sent "
+            "to last upstream byte) and proxy (the rest).",
+            ["part"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.client_bytes = Counter(
+            "wsmode_client_bytes_received",
+            "Bytes of requests received from clients (WebSocket frames and HTTP bodies).",
+            registry=r,
+        )
+        self.upstream_bytes_sent = Counter(
+            "wsmode_upstream_bytes_sent",
+            "Bytes of model requests sent upstream; compare with client bytes received to "
+            "see what the conversation cache saved clients.",
+            registry=r,
+        )
+        self.upstream_bytes_received = Counter(
+            "wsmode_upstream_bytes_received",
+            "Bytes of event streams received from the upstream.",
+            registry=r,
+        )
+        self.client_bytes_sent = Counter(
+            "wsmode_client_bytes_sent",
+            "Bytes of events sent to WebSocket clients.",
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "wsmode_upstream_errors",
+            "Upstream failures by kind (http_4xx, http_5xx, timeout, unavailable, overloaded, "
+            "event_too_large, stream).",
+            ["kind"],
+            registry=r,
+        )
+        self.slow_client_cancellations = Counter(
+            "wsmode_slow_client_cancellations",
+            "Responses cancelled because the client stopped reading for server.send_timeout.",
+            registry=r,
+        )
+        self.usage_records = Counter(
+            "wsmode_usage_records",
+            "Usage records by result (written, dropped: queue full, failed: sink error).",
+            ["result"],
+            registry=r,
+        )
+        self.http_requests = Counter(
+            "wsmode_http_requests",
+            "HTTP requests by route template, method and status (upgrades included).",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "wsmode_internal_errors",
+            "Bugs: exceptions that escaped a handler or a connection.",
+            registry=r,
+        )
+        self.cache_totals = CacheTotals()
+        self._gauges: list[Callable[[], Iterable[Metric]]] = []
+        r.register(_StateCollector(self._collect_state))
+        self.open_connections = Gauge(
+            "wsmode_connections_open", "WebSocket connections open now.", registry=r
+        )
+        self.draining = Gauge("wsmode_draining", "1 while the server is draining.", registry=r)
+
+    def add_state(self, read: Callable[[], Iterable[Metric]]) -> None:
+        """Register a function read at scrape time that yields metric families."""
+        self._gauges.append(read)
+
+    def _collect_state(self) -> Iterable[Metric]:
+        for read in self._gauges:
+            yield from read()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def cache_families(
+    budget: CacheBudget, totals: CacheTotals, live: Callable[[], Iterable[tuple[int, int, int]]]
+) -> Iterable[Metric]:
+    """Cache size from the process budget; hits, misses and evictions from every cache.
+
+    `live` yields (hits, misses, evictions) of each open connection's cache; `totals` holds
+    those of caches already closed."""
+    entries = GaugeMetricFamily("wsmode_cache_entries", "Responses cached across all connections.")
+    entries.add_metric([], budget.entries)
+    nbytes = GaugeMetricFamily(
+        "wsmode_cache_bytes", "Bytes of conversation items cached across all connections."
+    )
+    nbytes.add_metric([], budget.nbytes)
+    hits, misses, evictions = totals.hits, totals.misses, totals.evictions
+    for h, m, e in live():
+        hits += h
+        misses += m
+        evictions += e
+    yield entries
+    yield nbytes
+    for name, doc, value in (
+        ("wsmode_cache_hits", "previous_response_id found in the cache.", hits),
+        ("wsmode_cache_misses", "previous_response_id not in the connection cache.", misses),
+    ):
+        c = CounterMetricFamily(name, doc)
+        c.add_metric([], value)
+        yield c
+    ev = CounterMetricFamily(
+        "wsmode_cache_evictions",
+        "Cached responses evicted to respect a budget (connection or process-wide).",
+        labels=["scope"],
+    )
+    ev.add_metric(["connection"], evictions)
+    ev.add_metric(["process"], budget.evictions)
+    yield ev

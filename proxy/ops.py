@@ -1,0 +1,261 @@
+"""Operations, applied to the whole app: request ids, auth, limits, drain, metrics, bugs.
+
+`install(app, settings)` adds one middleware that every route gets, present and future:
+
+1. a request id: the client's `x-request-id` when it is sane, else a new one; returned on
+   every response (the WebSocket 101 included) and sent upstream (`request_id_var`);
+2. while draining, every new request but /healthz and /metrics gets 503;
+3. proxy auth (`auth.*`): a missing or wrong key gets 401, on a WebSocket upgrade too;
+4. `server.max_connections`: an upgrade beyond it gets 503 before the handshake, so no
+   socket is ever opened only to be shed;
+5. metrics per request (route template, method, status) and per WebSocket connection
+   (open gauge, close-code class when it ends);
+6. an exception that escapes a handler is a bug: logged with its traceback, counted, 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from proxy.auth import Authenticator
+from proxy.config import Settings
+from proxy.core import wire
+from proxy.core.conversation import CacheBudget, ResponseCache
+from proxy.core.ids import new_id
+from proxy.logs import request_id_var
+from proxy.metrics import CONTENT_TYPE, Metrics, cache_families, close_class
+from proxy.usage import UsageSink
+
+log = logging.getLogger("wsmode.ops")
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
+_OPEN_ROUTES = frozenset({"/healthz", "/metrics"})
+
+
+class Drainable(Protocol):
+    """A long-lived connection the drain must wait for (a WebSocket, for now)."""
+
+    def begin_drain(self, grace: float) -> None: ...
+
+    def queued_creates(self) -> int: ...
+
+
+@dataclass(eq=False)
+class Ops:
+    settings: Settings
+    metrics: Metrics
+    auth: Authenticator | None
+    usage: UsageSink | None
+    draining: bool = False
+    ws_open: int = 0
+    http_inflight: int = 0
+    connections: set[Drainable] = field(default_factory=set)
+    caches: set[ResponseCache] = field(default_factory=set)
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+
+    # ---- connection registry (drain and scrape-time gauges)
+    def register(self, conn: Drainable, cache: ResponseCache) -> None:
+        self.connections.add(conn)
+        self.caches.add(cache)
+        if self.draining:
+            conn.begin_drain(self.settings.server.drain_grace_seconds)
+
+    def unregister(self, conn: Drainable, cache: ResponseCache) -> None:
+        self.connections.discard(conn)
+        if cache in self.caches:
+            self.caches.discard(cache)
+            totals = self.metrics.cache_totals
+            totals.hits += cache.hits
+            totals.misses += cache.misses
+            totals.evictions += cache.evictions
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        if self.draining and not self.connections and self.http_inflight == 0:
+            self.drained.set()
+
+    def begin_drain(self) -> None:
+        if self.draining:
+            return
+        self.draining = True
+        self.metrics.draining.set(1)
+        grace = self.settings.server.drain_grace_seconds
+        log.info(
+            "draining: %d connections, %d HTTP requests in flight, grace %gs",
+            len(self.connections),
+            self.http_inflight,
+            grace,
+        )
+        for conn in list(self.connections):
+            conn.begin_drain(grace)
+        self._check_drained()
+
+    async def wait_drained(self, timeout: float) -> bool:
+        try:
+            async with asyncio.timeout(timeout):
+                await self.drained.wait()
+            return True
+        except TimeoutError:
+            return False
+
+
+OPS = web.AppKey("wsmode_ops", Ops)
+REQUEST_ID = web.RequestKey("wsmode_request_id", str)
+# The close code a WebSocket handler sent when the server closed first. aiohttp reports
+# 1000 for a close started while another task was reading, so handlers record their own.
+CLOSE_CODE = web.RequestKey("wsmode_close_code", int)
+
+
+def _error(status: int, message: str, code: str, etype: str) -> web.Response:
+    body = {"error": {"type": etype, "code": code, "message": message, "param": None}}
+    return web.Response(status=status, body=wire.dumps(body), content_type="application/json")
+
+
+def _route(request: web.Request) -> str:
+    info = request.match_info
+    resource = info.route.resource if info.route is not None else None
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def ops_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    ops = request.app[OPS]
+    m = ops.metrics
+    supplied = request.headers.get("X-Request-Id", "")
+    rid = supplied if _REQUEST_ID.match(supplied) else new_id("req")
+    request[REQUEST_ID] = rid
+    token = request_id_var.set(rid)
+    route = _route(request)
+    upgrade = request.headers.get("Upgrade", "").lower() == "websocket"
+    status = 500
+    try:
+        resp = await _guarded(request, handler, ops, route, upgrade)
+        status = resp.status
+        return resp
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        m.http_requests.labels(route, request.method, str(status)).inc()
+        request_id_var.reset(token)
+
+
+async def _guarded(
+    request: web.Request, handler: Handler, ops: Ops, route: str, upgrade: bool
+) -> web.StreamResponse:
+    m = ops.metrics
+    if request.path in _OPEN_ROUTES:
+        return await handler(request)
+    if ops.draining:
+        if upgrade:
+            m.connections_rejected.labels("draining").inc()
+        refused = _error(
+            503, "The server is shutting down; retry.", "server_draining", "server_error"
+        )
+        refused.headers["Connection"] = "close"
+        return refused
+    if ops.auth is not None and not ops.auth.check(request.headers.get("Authorization")):
+        if upgrade:
+            m.connections_rejected.labels("auth").inc()
+        denied = _error(
+            401,
+            "Missing or incorrect API key for this proxy. Send 'Authorization: Bearer KEY'.",
+            "invalid_api_key",
+            "invalid_request_error",
+        )
+        denied.headers["WWW-Authenticate"] = 'Bearer realm="wsmode"'
+        return denied
+    limit = ops.settings.server.max_connections
+    if upgrade and limit and ops.ws_open >= limit:
+        m.connections_rejected.labels("limit").inc()
+        log.warning("connection refused: %d WebSocket connections open (limit)", ops.ws_open)
+        return _error(
+            503,
+            f"The proxy has reached its limit of {limit} connections; retry later.",
+            "too_many_connections",
+            "server_error",
+        )
+    if upgrade:
+        ops.ws_open += 1
+        m.open_connections.inc()
+    else:
+        ops.http_inflight += 1
+    try:
+        resp = await handler(request)
+    except (ConnectionError, asyncio.CancelledError, web.HTTPException):
+        raise
+    except Exception:
+        m.errors.inc()
+        log.exception("internal error handling %s %s", request.method, route)
+        return _error(500, "Internal error in the proxy.", "internal_error", "server_error")
+    finally:
+        if upgrade:
+            ops.ws_open -= 1
+            m.open_connections.dec()
+        else:
+            ops.http_inflight -= 1
+            ops._check_drained()
+    if isinstance(resp, web.WebSocketResponse):
+        m.connections.labels(close_class(request.get(CLOSE_CODE, resp.close_code))).inc()
+    return resp
+
+
+async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    rid = request.get(REQUEST_ID)
+    if rid:
+        response.headers["X-Request-Id"] = rid
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    body = request.app[OPS].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def _state_families(ops: Ops, budget: CacheBudget, gate: Any) -> Iterable[Metric]:
+    yield from cache_families(
+        budget,
+        ops.metrics.cache_totals,
+        lambda: [(c.hits, c.misses, c.evictions) for c in list(ops.caches)],
+    )
+    queued = GaugeMetricFamily(
+        "wsmode_queued_creates", "response.create events waiting on their connection."
+    )
+    queued.add_metric([], sum(c.queued_creates() for c in list(ops.connections)))
+    yield queued
+    inflight = GaugeMetricFamily(
+        "wsmode_upstream_requests", "Upstream requests now.", labels=["state"]
+    )
+    inflight.add_metric(["active"], gate.active)
+    inflight.add_metric(["waiting"], gate.waiting)
+    yield inflight
+
+
+def install(app: web.Application, settings: Settings, budget: CacheBudget, gate: Any) -> Ops:
+    """Wire operations into `app` (before it is frozen). Raises ConfigError on bad auth."""
+    metrics = Metrics()
+    usage = UsageSink(settings.usage, metrics) if UsageSink.enabled(settings.usage) else None
+    ops = Ops(settings, metrics, Authenticator.from_settings(settings.auth), usage)
+    app[OPS] = ops
+    metrics.add_state(lambda: _state_families(ops, budget, gate))
+    app.middlewares.append(ops_middleware)
+    app.on_response_prepare.append(_add_request_id)
+    if settings.server.metrics:
+        app.router.add_get("/metrics", metrics_handler)
+    if usage is not None:
+
+        async def usage_ctx(_: web.Application) -> Any:
+            await usage.start()
+            yield
+            await usage.stop()
+
+        app.cleanup_ctx.append(usage_ctx)
+    return ops

@@ -1,0 +1,194 @@
+"""Follows each response from its create to its `Finished` action, for metrics and usage.
+
+Adapters (the WebSocket connection, the HTTP exchange) own one `RunTracker` per session. The
+tracker learns a run's id from the session (`run_ids()` before and after a create), the
+upstream request's size from `StartUpstream`, upstream timings from the pump, and its end from
+`Finished`. At the end it observes the histograms and hands a usage record to the background
+writer; building the record's JSON happens there, off the path of the next turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from proxy.core.errors import UpstreamError
+from proxy.core.session import Action, Finished, Session, StartUpstream
+from proxy.metrics import Metrics
+from proxy.usage import PendingRecord, UsageSink
+
+log = logging.getLogger("wsmode.runs")
+
+
+def error_kind(err: UpstreamError) -> str:
+    code = err.code or ""
+    if code == "upstream_timeout":
+        return "timeout"
+    if code == "upstream_unavailable":
+        return "unavailable"
+    if code == "upstream_overloaded":
+        return "overloaded"
+    if code == "upstream_event_too_large":
+        return "event_too_large"
+    if code == "client_too_slow":
+        return "client_too_slow"
+    if not err.started and 400 <= err.status < 500:
+        return "http_4xx"
+    if not err.started:
+        return "http_5xx"
+    return "stream"
+
+
+@dataclass
+class RunTrace:
+    """One run's clocks (monotonic seconds) and byte counts."""
+
+    metrics: Metrics
+    received: float
+    client_bytes: int
+    upstream_bytes: int = 0
+    upstream_received: int = 0
+    upstream_start: float | None = None
+    upstream_first: float | None = None
+    upstream_last: float | None = None
+    first_sent: float | None = None
+    error_counted: bool = False
+    clock: Callable[[], float] = field(default=time.monotonic)
+
+    # ---- called by the pump
+    def sent(self) -> None:
+        self.upstream_start = self.clock()
+
+    def chunk(self, nbytes: int) -> None:
+        now = self.clock()
+        if self.upstream_first is None:
+            self.upstream_first = now
+        self.upstream_last = now
+        self.upstream_received += nbytes
+        self.metrics.upstream_bytes_received.inc(nbytes)
+
+    def delivered(self) -> None:
+        if self.first_sent is None:
+            self.first_sent = self.clock()
+
+    def failed(self, err: UpstreamError) -> None:
+        self.error_counted = True
+        self.metrics.upstream_errors.labels(error_kind(err)).inc()
+
+
+class RunTracker:
+    def __init__(
+        self,
+        metrics: Metrics,
+        usage: UsageSink | None,
+        dialect: str,
+        owner: str,
+        label: str,
+        request_id: str | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.metrics = metrics
+        self.usage = usage
+        self.dialect = dialect
+        self.owner = owner
+        self.label = label
+        self.request_id = request_id
+        self.clock = clock
+        self.traces: dict[int, RunTrace] = {}
+
+    def feed(self, session: Session, call: Callable[[], list[Action]], nbytes: int) -> list[Action]:
+        """Run `call` (a client message into the session) and trace every run it created."""
+        now = self.clock()
+        before = session.run_ids()
+        actions = call()
+        new = session.run_ids() - before
+        for a in actions:
+            if isinstance(a, (StartUpstream, Finished)) and a.run_id not in before:
+                new.add(a.run_id)
+        for rid in new:
+            if rid not in self.traces:
+                self.traces[rid] = RunTrace(self.metrics, now, nbytes, clock=self.clock)
+        self.metrics.client_bytes.inc(nbytes)
+        return actions
+
+    def start(self, action: StartUpstream) -> RunTrace:
+        trace = self.traces.get(action.run_id)
+        if trace is None:  # a run the tracker did not see created (a native fallback retry)
+            trace = self.traces[action.run_id] = RunTrace(
+                self.metrics, self.clock(), 0, clock=self.clock
+            )
+        nbytes = sum(len(p) for p in action.body)
+        trace.upstream_bytes += nbytes
+        self.metrics.upstream_bytes_sent.inc(nbytes)
+        return trace
+
+    def trace(self, run_id: int) -> RunTrace | None:
+        return self.traces.get(run_id)
+
+    def finished(self, action: Finished, frames: list[bytes]) -> None:
+        """The run ended and `frames` (its last events) have been written to the client."""
+        m = self.metrics
+        m.responses.labels(action.outcome, self.dialect).inc()
+        trace = self.traces.pop(action.run_id, None)
+        now = self.clock()
+        if (
+            action.outcome == "failed"
+            and trace is not None
+            and trace.upstream_start is not None
+            and not trace.error_counted
+        ):
+            # failed inside the stream: an upstream `error` or `response.failed` event, a
+            # stream that ended without a terminal event, or events that did not parse
+            m.upstream_errors.labels("stream").inc()
+        if trace is not None and trace.upstream_start is not None:
+            up_first = (trace.upstream_first or now) - trace.upstream_start
+            if trace.first_sent is not None:
+                total_first = trace.first_sent - trace.received
+                m.first_event.labels("total").observe(total_first)
+                m.first_event.labels("upstream").observe(up_first)
+                m.first_event.labels("proxy").observe(max(0.0, total_first - up_first))
+            total = now - trace.received
+            up = (trace.upstream_last or now) - trace.upstream_start
+            m.duration.labels("total").observe(total)
+            m.duration.labels("upstream").observe(up)
+            m.duration.labels("proxy").observe(max(0.0, total - up))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%s response %s %s (run %d)",
+                self.label,
+                action.response_id,
+                action.outcome,
+                action.run_id,
+            )
+        if self.usage is not None:
+            self.usage.offer(
+                PendingRecord(
+                    time=time.time(),
+                    request_id=self.request_id,
+                    owner=self.owner,
+                    dialect=self.dialect,
+                    response_id=action.response_id,
+                    outcome=action.outcome,
+                    usage=action.usage,
+                    frames=frames[-2:],
+                    client_bytes=trace.client_bytes if trace else 0,
+                    upstream_bytes=trace.upstream_bytes if trace else 0,
+                    upstream_received=trace.upstream_received if trace else 0,
+                    queued_seconds=(
+                        trace.upstream_start - trace.received
+                        if trace and trace.upstream_start is not None
+                        else None
+                    ),
+                    first_event_seconds=(
+                        trace.first_sent - trace.received
+                        if trace and trace.first_sent is not None
+                        else None
+                    ),
+                    duration_seconds=(now - trace.received) if trace else None,
+                )
+            )
+
+    def clear(self) -> None:
+        self.traces.clear()

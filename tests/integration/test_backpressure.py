@@ -1,0 +1,129 @@
+"""A client that stops reading: bounded buffering, paused upstream, then a clear cancel.
+
+What happens without our bounds (measured, 2 cores, loopback; see the commit message): the
+proxy already waits on each write, but only after aiohttp's 64 KiB writer limit and asyncio's
+64 KiB high-water mark, and the kernel's autotuned send buffer absorbed ~3 MB for one stalled
+client. `server.outbound_buffer_bytes` makes the user-space bound and the kernel request
+explicit, and `server.send_timeout` ends the wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+from websockets.asyncio.client import connect
+
+from proxy.ops import OPS
+from tests.conftest import Proxy, Sim, create, recv, seconds, send, until_terminal
+from tests.integration.test_ops import sample, scrape
+
+ProxyFactory = Callable[..., Awaitable[Proxy]]
+BOUND = 256 * 1024
+TOKENS = 200_000  # a stream of ~30 MB: far more than every buffer on the way together
+
+
+def small_socket(port: int) -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+async def test_client_that_stops_reading(
+    sim_factory: Callable[..., Awaitable[Sim]], proxy_factory: ProxyFactory
+) -> None:
+    sim = await sim_factory(output_tokens=TOKENS)
+    proxy = await proxy_factory(
+        sim.url, server__outbound_buffer_bytes=BOUND, server__send_timeout=seconds(1.5)
+    )
+    ops = proxy.served.runner.app[OPS]
+    # max_queue=1: the websockets client stops reading its socket while we do not recv()
+    async with connect(
+        proxy.ws, sock=small_socket(proxy.served.port), max_queue=1, max_size=None
+    ) as ws:
+        await send(ws, create(input="a long answer please", store=False))
+        first = await recv(ws)
+        assert first["type"] == "response.created"
+        conn = next(iter(ops.connections))
+        transport = conn.request.transport
+        # stalled: while the response is blocked, our buffer stays within the bound and
+        # the upstream is not read to the end
+        peak = 0
+        for _ in range(400):
+            peak = max(peak, transport.get_write_buffer_size())
+            m = await scrape(proxy)
+            if sample(m, "wsmode_slow_client_cancellations_total") == 1:
+                break
+            await asyncio.sleep(seconds(0.01))
+        assert sample(m, "wsmode_slow_client_cancellations_total") == 1
+        assert peak <= BOUND
+        upstream_read = sample(m, "wsmode_upstream_bytes_received_total")
+        assert 0 < upstream_read < 0.2 * TOKENS * 150  # paused long before the end
+        for _ in range(200):  # the upstream request was closed
+            if sim.state.cancelled == 1:
+                break
+            await asyncio.sleep(seconds(0.01))
+        assert sim.state.cancelled == 1 and sim.state.completed == 0
+        # the client reads again: everything queued, then a terminal failure and the reason
+        events: list[dict[str, Any]] = [first, *await until_terminal(ws, timeout=30)]
+        assert events[-1]["type"] == "response.failed"
+        assert events[-1]["response"]["error"]["code"] == "client_too_slow"
+        err = await recv(ws)
+        assert err["type"] == "error" and err["error"]["code"] == "client_too_slow"
+        assert "did not read" in err["error"]["message"]
+        seqs = [e["sequence_number"] for e in [*events, err]]
+        assert seqs == list(range(len(seqs)))
+        # and the socket goes on
+        sim.state.settings = replace(sim.state.settings, output_tokens=8)
+        await send(ws, create(input="short now"))
+        assert (await until_terminal(ws))[-1]["type"] == "response.completed"
+    m = await scrape(proxy)
+    assert sample(m, "wsmode_upstream_errors_total", kind="stream") == 0
+
+
+async def test_a_reading_client_is_never_cancelled(
+    sim_factory: Callable[..., Awaitable[Sim]], proxy_factory: ProxyFactory
+) -> None:
+    """The same stream, read promptly through the same small bound, completes."""
+    sim = await sim_factory(output_tokens=20_000)
+    proxy = await proxy_factory(
+        sim.url, server__outbound_buffer_bytes=BOUND, server__send_timeout=seconds(5)
+    )
+    async with connect(proxy.ws, max_size=None) as ws:
+        await send(ws, create(input="go"))
+        events = await until_terminal(ws, timeout=60)
+    assert events[-1]["type"] == "response.completed"
+    assert sim.state.completed == 1
+    m = await scrape(proxy)
+    assert sample(m, "wsmode_slow_client_cancellations_total") == 0
+
+
+async def test_http_sse_client_that_stops_reading(
+    sim_factory: Callable[..., Awaitable[Sim]], proxy_factory: ProxyFactory
+) -> None:
+    sim = await sim_factory(output_tokens=TOKENS)
+    proxy = await proxy_factory(
+        sim.url, server__outbound_buffer_bytes=BOUND, server__send_timeout=seconds(1)
+    )
+    body = b'{"model":"sim","input":"long","stream":true}'
+    reader, writer = await asyncio.open_connection(sock=small_socket(proxy.served.port))
+    writer.write(
+        b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    await writer.drain()
+    assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+    # ...and now we read nothing more
+    for _ in range(500):
+        m = await scrape(proxy)
+        if sample(m, "wsmode_slow_client_cancellations_total") == 1 and sim.state.cancelled:
+            break
+        await asyncio.sleep(seconds(0.01))
+    assert sample(m, "wsmode_slow_client_cancellations_total") == 1
+    assert sim.state.cancelled == 1 and sim.state.completed == 0
+    assert sample(m, "wsmode_upstream_bytes_received_total") < 0.2 * TOKENS * 150
+    writer.close()

@@ -1,0 +1,192 @@
+"""Graceful drain of a real `wsmode serve` process on SIGTERM, with JSON logs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from proxy.ops import OPS
+from tests.conftest import Proxy, Sim, create, recv, seconds, send, until_terminal
+from tests.integration.test_cli import free_port, running, wait_healthy
+
+KEY = "sk-drain-test-key-123456"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+async def _health(base: str) -> tuple[int, dict[str, object]]:
+    async with aiohttp.ClientSession() as http, http.get(f"{base}/healthz") as r:
+        return r.status, dict(await r.json())
+
+
+async def test_sigterm_drains_then_exits_0(sim_factory: Callable[..., Awaitable[Sim]]) -> None:
+    # ~2 s per answer: long enough to be in flight when the signal arrives
+    sim = await sim_factory(ttft_ms=0, tokens_per_second=20, output_tokens=40)
+    port = free_port()
+    env = {
+        "WSMODE_SERVER_DRAIN_GRACE_SECONDS": str(seconds(20)),
+        "WSMODE_AUTH_API_KEYS": KEY,
+    }
+    args = ["serve", "--port", str(port), "--upstream", sim.url, "--log-format", "json"]
+    with running([*args, "--log-level", "DEBUG"], env) as proc:
+        base = f"http://127.0.0.1:{port}"
+        await wait_healthy(base)
+        url = f"ws://127.0.0.1:{port}/v1/responses"
+        async with (
+            connect(url, additional_headers=AUTH) as busy,
+            connect(url, additional_headers=AUTH) as idle,
+        ):
+            await send(busy, create(input="long", store=False))
+            assert (await recv(busy))["type"] == "response.created"
+            proc.send_signal(signal.SIGTERM)
+            for _ in range(200):
+                status, doc = await _health(base)
+                if status == 503:
+                    break
+                await asyncio.sleep(seconds(0.02))
+            assert status == 503 and doc["status"] == "draining"
+            # no new connections
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(url, additional_headers=AUTH):
+                    pass
+            assert info.value.response.status_code == 503
+            # the idle socket goes at once, with 1001
+            with pytest.raises(ConnectionClosed):
+                await asyncio.wait_for(idle.recv(), seconds(5))
+            assert idle.close_code == 1001
+            # the busy one takes no new create, but its response finishes
+            await send(busy, create(input="one more"))
+            events = await until_terminal(busy, timeout=30)
+            drained_error = next(e for e in events if e["type"] == "error")
+            assert drained_error["status"] == 503
+            assert drained_error["error"]["code"] == "server_draining"
+            events += await until_terminal(busy, timeout=30)
+            assert events[-1]["type"] == "response.completed"
+            with pytest.raises(ConnectionClosed):
+                await asyncio.wait_for(busy.recv(), seconds(5))
+            assert busy.close_code == 1001
+        _, err = await asyncio.to_thread(proc.communicate, timeout=seconds(20))
+        assert proc.returncode == 0
+    assert sim.state.completed == 1 and sim.state.cancelled == 0
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert lines and all({"ts", "level", "logger", "message"} <= set(doc) for doc in lines)
+    messages = " ".join(d["message"] for d in lines)
+    assert "draining" in messages and "closed code=1001" in messages
+    assert any(d["level"] == "DEBUG" for d in lines)
+    assert any(d.get("request_id") for d in lines)
+    assert KEY not in err
+
+
+async def test_grace_over_cuts_in_flight_and_exits_0(
+    sim_factory: Callable[..., Awaitable[Sim]],
+) -> None:
+    sim = await sim_factory(ttft_ms=0, tokens_per_second=0)
+    port = free_port()
+    env = {"WSMODE_SERVER_DRAIN_GRACE_SECONDS": str(seconds(0.5))}
+    with running(["serve", "--port", str(port), "--upstream", sim.url], env) as proc:
+        await wait_healthy(f"http://127.0.0.1:{port}")
+        async with connect(f"ws://127.0.0.1:{port}/v1/responses") as ws:
+            await send(ws, create(input="x", metadata={"sim_fault": "stall:3"}))
+            await recv(ws)
+            proc.send_signal(signal.SIGTERM)
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    await asyncio.wait_for(ws.recv(), seconds(10))
+            assert ws.close_code == 1001
+        await asyncio.to_thread(proc.communicate, timeout=seconds(20))
+        assert proc.returncode == 0
+    for _ in range(100):  # the stalled upstream request was closed
+        if sim.state.cancelled == 1:
+            break
+        await asyncio.sleep(seconds(0.02))
+    assert sim.state.cancelled == 1
+
+
+def test_check_config_prints_effective_settings_redacted(tmp_path: object) -> None:
+    import os
+    import sys
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "c.toml"
+    path.write_text('[server]\nport = 9000\n[auth]\napi_keys = ["sk-file-key-aaaaaaaa"]\n')
+    env = {**os.environ, "WSMODE_UPSTREAM_API_KEY": "sk-env-key-bbbbbbbb", "WSMODE_PORT": "9100"}
+    out = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "check-config", "--config", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=seconds(30),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "port = 9100" in out.stdout and 'api_keys = ["<redacted>"]' in out.stdout
+    assert 'api_key = "<redacted>"' in out.stdout
+    assert "sk-file-key" not in out.stdout + out.stderr
+    assert "sk-env-key" not in out.stdout + out.stderr
+    import tomllib
+
+    assert tomllib.loads(out.stdout)["server"]["port"] == 9100  # the output is valid TOML
+    bad = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "check-config"],
+        env={**os.environ, "WSMODE_AUTH_API_KEY_HASHES_FILE": str(path)},
+        capture_output=True,
+        text=True,
+        timeout=seconds(30),
+    )
+    assert bad.returncode == 2 and "expected a SHA-256 hex digest" in bad.stderr
+
+
+async def test_drain_in_process_metrics(proxy: Proxy) -> None:
+    from tests.integration.test_ops import sample, scrape
+
+    ops = proxy.served.runner.app[OPS]
+    async with connect(proxy.ws) as ws:
+        await send(ws, create(input="x"))
+        await until_terminal(ws)
+        ops.begin_drain()
+        with pytest.raises(ConnectionClosed):
+            await asyncio.wait_for(ws.recv(), seconds(5))
+        assert ws.close_code == 1001
+    assert await ops.wait_drained(seconds(5))
+    status, doc = await _health(proxy.served.base)
+    assert status == 503 and doc["status"] == "draining"
+    m = await scrape(proxy)
+    assert sample(m, "wsmode_connections_total", close_class="going_away") == 1
+    assert sample(m, "wsmode_draining") == 1
+
+
+def test_every_setting_is_a_flag() -> None:
+    import os
+    import sys
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "proxy.cli",
+            "check-config",
+            "--set",
+            "server.max_connections=9",
+            "--set",
+            "usage.queue_size=3",
+        ],
+        env={**os.environ, "WSMODE_SERVER_MAX_CONNECTIONS": "5"},
+        capture_output=True,
+        text=True,
+        timeout=seconds(30),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "max_connections = 9" in out.stdout and "queue_size = 3" in out.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "serve", "--set", "server.prot=1"],
+        capture_output=True,
+        text=True,
+        timeout=seconds(30),
+    )
+    assert bad.returncode == 2 and "unknown config key server.prot" in bad.stderr

@@ -1,0 +1,145 @@
+"""Limits: connections, queued creates, concurrent upstream requests, dead peers."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from tests.conftest import Proxy, Sim, create, recv, seconds, send, until_terminal
+from tests.integration.test_ops import sample, scrape
+
+ProxyFactory = Callable[..., Awaitable[Proxy]]
+
+
+async def test_connections_beyond_the_limit_get_503(sim: Sim, proxy_factory: ProxyFactory) -> None:
+    proxy = await proxy_factory(sim.url, server__max_connections=2)
+    async with connect(proxy.ws) as a, connect(proxy.ws) as b:
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(proxy.ws):
+                pass
+        assert info.value.response.status_code == 503
+        assert b"too_many_connections" in info.value.response.body
+        # the open ones are untouched
+        for ws in (a, b):
+            await send(ws, create(input="x"))
+            assert (await until_terminal(ws))[-1]["type"] == "response.completed"
+    async with connect(proxy.ws) as c:  # a slot is free again
+        await send(c, create(input="x"))
+        assert (await until_terminal(c))[-1]["type"] == "response.completed"
+    m = await scrape(proxy)
+    assert sample(m, "wsmode_connections_rejected_total", reason="limit") == 1
+
+
+async def test_max_queued_creates_per_connection(
+    sim_factory: Callable[..., Awaitable[Sim]], proxy_factory: ProxyFactory
+) -> None:
+    slow = await sim_factory(ttft_ms=300 * float(os.environ.get("WSMODE_TEST_TIME_SCALE", "1")))
+    proxy = await proxy_factory(slow.url, limits__max_queued_per_connection=2)
+    async with connect(proxy.ws) as ws:
+        # one runs, two wait, the fourth is refused; the socket stays open
+        for i in range(4):
+            await send(ws, create(input=f"q{i}", metadata={"i": str(i)}))
+        err = await recv(ws)
+        assert err["type"] == "error" and err["status"] == 429
+        assert err["error"]["code"] == "too_many_queued_requests"
+        m = await scrape(proxy)
+        assert sample(m, "wsmode_queued_creates") == 2
+        done = [(await until_terminal(ws))[-1] for _ in range(3)]
+        assert [d["response"]["metadata"]["i"] for d in done] == ["0", "1", "2"]
+        await send(ws, create(input="later"))
+        assert (await until_terminal(ws))[-1]["type"] == "response.completed"
+
+
+async def test_concurrent_upstream_requests_are_bounded_with_a_queue(
+    sim_factory: Callable[..., Awaitable[Sim]], proxy_factory: ProxyFactory
+) -> None:
+    sim = await sim_factory()
+    proxy = await proxy_factory(
+        sim.url, upstream__max_connections=1, upstream__max_queued_requests=1
+    )
+    async with connect(proxy.ws) as a, connect(proxy.ws) as b, connect(proxy.ws) as c:
+        await send(a, create(input="x", metadata={"sim_fault": "stall:2"}))
+        await recv(a)  # a holds the only upstream slot, stalled
+        await send(b, create(input="y"))  # waits in the queue
+        for _ in range(100):
+            if proxy.state.upstream.gate.waiting == 1:
+                break
+            await asyncio.sleep(seconds(0.02))
+        await send(c, create(input="z"))  # the queue is full: refused at once
+        err = await recv(c)
+        assert err["status"] == 503 and err["error"]["code"] == "upstream_overloaded"
+        m = await scrape(proxy)
+        assert sample(m, "wsmode_upstream_requests", state="active") == 1
+        assert sample(m, "wsmode_upstream_requests", state="waiting") == 1
+        await a.close()  # frees the slot: the queued request runs
+        assert (await until_terminal(b))[-1]["type"] == "response.completed"
+        await send(c, create(input="again"))
+        assert (await until_terminal(c))[-1]["type"] == "response.completed"
+    m = await scrape(proxy)
+    assert sample(m, "wsmode_upstream_errors_total", kind="overloaded") == 1
+
+
+async def test_upstream_queue_timeout(sim: Sim, proxy_factory: ProxyFactory) -> None:
+    proxy = await proxy_factory(
+        sim.url, upstream__max_connections=1, upstream__queue_timeout=seconds(0.2)
+    )
+    async with connect(proxy.ws) as a, connect(proxy.ws) as b:
+        await send(a, create(input="x", metadata={"sim_fault": "stall:2"}))
+        await recv(a)
+        await send(b, create(input="y"))
+        err = await recv(b)
+        assert err["status"] == 503 and "within" in err["error"]["message"]
+
+
+async def _raw_upgrade(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A WebSocket client that completes the handshake and then never answers anything."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(
+        (
+            f"GET /v1/responses HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+    )
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 101")
+    return reader, writer
+
+
+async def test_dead_peer_is_reaped_by_server_pings(sim: Sim, proxy_factory: ProxyFactory) -> None:
+    proxy = await proxy_factory(sim.url, server__ping_interval=seconds(0.2))
+    reader, writer = await _raw_upgrade(proxy.served.port)
+    # the server pings (opcode 0x9); we never answer; it gives up and drops the connection
+    first = await asyncio.wait_for(reader.readexactly(2), seconds(5))
+    assert first[0] & 0x0F == 0x9
+    rest = await asyncio.wait_for(reader.read(), seconds(5))  # until EOF
+    assert isinstance(rest, bytes)
+    writer.close()
+    for _ in range(100):
+        m = await scrape(proxy)
+        if sample(m, "wsmode_connections_open") == 0:
+            break
+        await asyncio.sleep(seconds(0.02))
+    assert sample(m, "wsmode_connections_total", close_class="abnormal") == 1
+    # a live client answers pings and keeps its connection across many intervals
+    async with connect(proxy.ws) as ws:
+        await asyncio.sleep(seconds(0.8))
+        await send(ws, create(input="x"))
+        assert (await until_terminal(ws))[-1]["type"] == "response.completed"
+
+
+async def test_http_front_limits_apply_too(sim: Sim, proxy_factory: ProxyFactory) -> None:
+    proxy = await proxy_factory(sim.url, server__max_message_bytes=1024)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{proxy.http}/responses", json={"model": "sim", "input": "x" * 4096}) as r,
+    ):
+        assert r.status == 413
