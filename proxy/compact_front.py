@@ -46,14 +46,16 @@ async def compact_response(request: web.Request) -> web.StreamResponse:
                 raise previous_response_not_found(req.previous_response_id)
             parent = stored.entry
         prep = context.plan_compact(parent, req, owner)
-        result = None
         if prep.cut is not None:
             dialect = state.policy.dialect
-            action = context.summary_action(0, prep, req.model, dialect, req.instructions)
             headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
             max_event = state.settings.upstream.max_event_bytes
-            result = await run_summary(state.upstream, dialect, action, headers, max_event)
-        output, usage = context.compact_output(prep, result, owner, new_id("cmp"))
+            more = True
+            while more:  # one request per chunk of the older part (context.summary_action)
+                action = context.summary_action(0, prep, req.model, dialect, req.instructions)
+                result = await run_summary(state.upstream, dialect, action, headers, max_event)
+                more = context.absorb_summary(prep, result)
+        output, usage = context.compact_output(prep, owner, new_id("cmp"))
     except UpstreamError as err:
         log.warning("compaction for %s failed (%s): %s", request.remote, err.status, err.message)
         return error_response(compaction_failed(err))

@@ -57,7 +57,7 @@ from proxy.core.compaction import (
 from proxy.core.conversation import CachedResponse, Segment
 from proxy.core.dialects import Dialect
 from proxy.core.errors import ClientError, UpstreamError, invalid, wrong_type
-from proxy.core.managed_stream import usage_of
+from proxy.core.managed_stream import add_usage, usage_of
 from proxy.core.request import CreateRequest
 from proxy.core.sealing import Sealer
 from proxy.core.tokens import TokenEstimator
@@ -148,6 +148,11 @@ class Prepared:
     head: int = 0
     compaction: dict[str, Any] | None = None  # the compaction item, once compacted
     summary_usage: dict[str, Any] | None = None
+    # the older part is summarised in chunks that each fit the window: the summary so far
+    # (it opens the next chunk's transcript), and the items the current chunk covers
+    summary: str | None = None
+    summary_from: int | None = None
+    summary_to: int | None = None
     jobs: tuple[TokenJob, ...] = ()
     dropped: int = 0  # items truncation left out
 
@@ -384,40 +389,62 @@ class ContextManager:
         dialect: Dialect,
         instructions: str | None = None,
     ) -> Summarise:
-        """The summarising request for a planned compaction (`prep.cut` set)."""
+        """The next summarising request of a planned compaction (`prep.cut` set).
+
+        The older part is `items[head:cut]`. When it does not fit the window with the
+        summarising prompt and its output, it is summarised in chunks, oldest first: each
+        request carries the summary so far and as many of the next items as fit, and
+        `absorb_summary` says whether another chunk follows. Nothing is left out."""
         assert prep.cut is not None
         window = self.settings.context_window
         max_out = self.settings.summary_max_output_tokens
         head, cut = prep.head, prep.cut
-        # an earlier compaction's summary stands for everything before it: always kept
-        first = 1 if is_summary(prep.items[head]) else 0
-        start = head + first
+        if prep.summary is not None:  # a later chunk: the summary so far comes first
+            prefix: list[bytes] = [summary_message(prep.summary)]
+            prefix_tokens = self.estimator.item(prefix[0])
+            start = prep.summary_from if prep.summary_from is not None else cut
+        else:  # an earlier compaction's summary stands for everything before it
+            first = 1 if is_summary(prep.items[head]) else 0
+            prefix = list(prep.items[head : head + first])
+            prefix_tokens = sum(prep.counts[head : head + first])
+            start = head + first
+        end = cut
         if window:  # the summarising request must fit the window too
             max_out = max(1, min(max_out, window // 4))
             budget = window - max_out - _SUMMARY_PROMPT_TOKENS
-            total = sum(prep.counts[head:cut])
-            while cut - start > 1 and total > budget:  # leave out the oldest
-                total -= prep.counts[start]
-                start += 1
-        omitted = start - head - first
-        text = transcript(prep.items[head : head + first], instructions)
-        if omitted:
-            text = "\n\n".join(t for t in (text, f"[... {omitted} earlier items omitted ...]") if t)
-        text = "\n\n".join(t for t in (text, transcript(prep.items[start:cut])) if t)
+            total, end = prefix_tokens, start
+            while end < cut and (end == start or total + prep.counts[end] <= budget):
+                total += prep.counts[end]
+                end += 1
+        prep.summary_to = end
+        text = transcript(prefix, instructions)
+        text = "\n\n".join(t for t in (text, transcript(prep.items[start:end])) if t)
         settings, items = summary_request(model, text, max_out)
         return Summarise(
             run_id, dialect.body(settings, {"stream": True, "store": False}, items), dialect.path
         )
 
-    def compacted(
-        self, prep: Prepared, result: SummaryResult, owner: str, item_id: str
-    ) -> Prepared:
-        """The run's items once the summary arrived: head + summary + recent tail, and the
-        sealed compaction item that stands for them."""
-        assert prep.cut is not None
+    def absorb_summary(self, prep: Prepared, result: SummaryResult) -> bool:
+        """Take one summarising response. True when more of the older part remains (then
+        send the next `summary_action`); False when the summary is complete."""
+        assert prep.cut is not None and prep.summary_to is not None, "summary_action first"
         summary = summary_text(result.output)
         if result.outcome == "failed" or not summary:
             raise _no_summary()
+        prep.summary = summary
+        if isinstance(result.usage, dict):
+            before = prep.summary_usage
+            prep.summary_usage = add_usage(before, result.usage) if before else result.usage
+        if prep.summary_to < prep.cut:
+            prep.summary_from = prep.summary_to
+            return True
+        return False
+
+    def compacted(self, prep: Prepared, owner: str, item_id: str) -> Prepared:
+        """The run's items once the summary is complete: head + summary + recent tail, and
+        the sealed compaction item that stands for them."""
+        assert prep.cut is not None and prep.summary is not None
+        summary = prep.summary
         head, tail = prep.items[: prep.head], prep.items[prep.cut :]
         item = seal(self.sealer, Compacted(tuple(head), summary, tuple(tail)), owner, item_id)
         message = summary_message(summary)
@@ -439,7 +466,7 @@ class ContextManager:
             settings_tokens=prep.settings_tokens,
             threshold=prep.threshold,
             compaction=item,
-            summary_usage=result.usage,
+            summary_usage=prep.summary_usage,
         )
         return self._fit(done)
 
@@ -464,19 +491,19 @@ class ContextManager:
         return prep
 
     def compact_output(
-        self, prep: Prepared, result: SummaryResult | None, owner: str, item_id: str
+        self, prep: Prepared, owner: str, item_id: str
     ) -> tuple[list[Any], dict[str, Any]]:
         """The compacted window (the compaction item, then the recent tail as it was
-        given) and the usage of the compaction pass."""
+        given) and the usage of the compaction pass (its summary absorbed already)."""
         head = tuple(prep.items[: prep.head])
-        if prep.cut is None or result is None:  # only system/developer messages
+        if prep.cut is None:  # only system/developer messages
             item = seal(self.sealer, Compacted(head, "", ()), owner, item_id)
             return [item, *(wire.loads(i) for i in prep.items[prep.head :])], usage_of(0, 0)
-        summary = summary_text(result.output)
-        if result.outcome == "failed" or not summary:
+        summary = prep.summary
+        if not summary:
             raise _no_summary()
         item = seal(self.sealer, Compacted(head, summary, ()), owner, item_id)
-        usage = result.usage
+        usage = prep.summary_usage
         if not isinstance(usage, dict):
             older = sum(prep.counts[prep.head : prep.cut])
             usage = usage_of(older, self.estimator.of_text(summary))

@@ -413,9 +413,10 @@ class Session:
             return []
         assert self.context is not None and run.context is not None
         try:
-            run.context = self.context.compacted(
-                run.context, result, self.owner, self.new_id("cmp")
-            )
+            if self.context.absorb_summary(run.context, result):  # the next chunk
+                dialect = self.policy.dialect
+                return [self.context.summary_action(run.id, run.context, run.req.model, dialect)]
+            run.context = self.context.compacted(run.context, self.owner, self.new_id("cmp"))
             return [self._start_upstream(run)]
         except UpstreamError as err:
             return self._fail(run, err)

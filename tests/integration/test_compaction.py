@@ -113,7 +113,8 @@ async def test_long_conversation_continues_on_a_small_window(
     assert text_of(last[0]).startswith(SUMMARY_PREFIX + SUMMARY_LEAD)
     assert "fact-0" in text_of(last[0])  # the first fact survived every compaction
     assert last[-1] == user(fact(TURNS - 1))
-    assert len(summary_bodies(sim)) == len(compactions)
+    # one summarising request per compaction, or more when its older part needed chunks
+    assert len(summary_bodies(sim)) >= len(compactions)
 
 
 async def test_without_compaction_the_same_conversation_hits_the_window(

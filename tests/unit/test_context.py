@@ -324,7 +324,9 @@ def test_compacted_rebuilds_items_and_seals_the_item() -> None:
         [assistant("SUMMARY")],
         {"input_tokens": 5, "output_tokens": 1, "total_tokens": 6},
     )
-    done = m.compacted(prep, result, OWNER, "cmp_9")
+    m.summary_action(3, prep, "m", ResponsesDialect())
+    assert m.absorb_summary(prep, result) is False  # one request covered the older part
+    done = m.compacted(prep, OWNER, "cmp_9")
     assert done.items == [b(DEV), summary_message("SUMMARY"), *tail]
     assert done.compaction is not None and done.compaction["id"] == "cmp_9"
     assert done.summary_usage == result.usage
@@ -341,8 +343,9 @@ def test_an_empty_or_failed_summary_fails_the_compaction() -> None:
         SummaryResult("completed", [call("x")], None),
         SummaryResult("failed", [assistant("x")], None),
     ):
+        m.summary_action(3, prep, "m", ResponsesDialect())
         with pytest.raises(UpstreamError) as info:
-            m.compacted(prep, result, OWNER, "cmp_1")
+            m.absorb_summary(prep, result)
         assert info.value.code == "compaction_failed"
 
 
@@ -364,10 +367,28 @@ def test_summary_request_is_bounded_by_the_window() -> None:
         long_chain(9), request([user("n")], context_management=cm, truncation="auto"), OWNER
     )
     assert prep.cut is not None
-    action = m.summary_action(1, prep, "m", ResponsesDialect())
-    body = orjson.loads(b"".join(action.body))
-    text = body["input"][0]["content"][0]["text"]
-    assert len(text) < 5000 - 500 and "earlier items omitted" in text
+    # the older part does not fit one summarising request: it goes in chunks, each within
+    # the window, each after the summary so far, and no item is left out
+    covered: list[str] = []
+    for n in range(1, 20):
+        action = m.summary_action(1, prep, "m", ResponsesDialect())
+        body = orjson.loads(b"".join(action.body))
+        text = body["input"][0]["content"][0]["text"]
+        assert len(text) // 4 < 5000 - 500
+        if n > 1:
+            assert f"SUMMARY{n - 1}" in text
+        covered += [i for i in range(9) if f"q{i} " in text]
+        if not m.absorb_summary(prep, SummaryResult("completed", [assistant(f"SUMMARY{n}")], None)):
+            break
+    assert n > 1, "the test must need more than one chunk"
+    questions = {
+        i
+        for i in range(9)
+        if any(f"q{i} " in t for t in [b.decode() for b in prep.items[: prep.cut]])
+    }
+    assert set(covered) == questions
+    done = m.compacted(prep, OWNER, "cmp_2")
+    assert summary_message(f"SUMMARY{n}") in done.items
 
 
 def test_opened_items_are_bounded_in_bytes() -> None:
