@@ -9,6 +9,10 @@ received the full, rebuilt conversation.
 Tool choice: `"none"` answers in text; `"required"` or a named function always calls a tool;
 `"auto"` calls the first function tool while fewer than `tool_calls_per_turn` tool outputs
 follow the last user message, then answers.
+
+A tool call costs as many output tokens as a text answer (`output_tokens`): its arguments are
+`{"n": <items seen>, "q": "<output_tokens words>"}`, streamed one word per delta, so an agent
+loop over the simulated model has the model time the profile asks for.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class ToolCall:
     name: str
     call_id: str
     arguments: str
+    pieces: tuple[str, ...]  # the argument deltas, one per output token
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +75,10 @@ def _outputs_since_user(items: list[Any]) -> int:
 
 def plan(body: dict[str, Any], *, seed: int, output_tokens: int, tool_calls_per_turn: int) -> Plan:
     items = input_items(body)
-    digest = hashlib.sha256(wire.dumps([body.get("instructions"), items])).hexdigest()
+    items_json = wire.dumps(items)  # serialised once: a long history costs one pass, not two
+    digest = hashlib.sha256(wire.dumps(body.get("instructions")) + items_json).hexdigest()
     rng = random.Random(f"{seed}:{digest}")
-    input_tokens = max(1, len(wire.dumps(items)) // 4)
+    input_tokens = max(1, len(items_json) // 4)
     names = _function_names(body.get("tools"))
     choice = body.get("tool_choice", "auto")
     call_name: str | None = None
@@ -83,10 +89,12 @@ def plan(body: dict[str, Any], *, seed: int, output_tokens: int, tool_calls_per_
             choice in ("auto", None) and _outputs_since_user(items) < tool_calls_per_turn
         ):
             call_name = names[0]
-    if call_name is not None:
-        args = wire.dumps({"n": len(items), "q": rng.choice(_WORDS)}).decode()
-        call = ToolCall(call_name, f"call_{digest[:24]}", args)
-        return Plan([], call, input_tokens, digest)
     count = max(1, output_tokens)
     tokens = [("" if i == 0 else " ") + rng.choice(_WORDS) for i in range(count)]
+    if call_name is not None:
+        # the words never need JSON escaping, so the pieces concatenate to valid JSON
+        pieces = [f'{{"n": {len(items)}, "q": "{tokens[0]}', *tokens[1:]]
+        pieces[-1] += '"}'
+        call = ToolCall(call_name, f"call_{digest[:24]}", "".join(pieces), tuple(pieces))
+        return Plan([], call, input_tokens, digest)
     return Plan(tokens, None, input_tokens, digest)
