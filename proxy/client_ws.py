@@ -30,7 +30,7 @@ from proxy.core.session import (
 )
 from proxy.core.sse import SSEDecoder, SSEEventTooLarge
 from proxy.state import AppState
-from proxy.upstream_http import FORWARDED_HEADERS
+from proxy.upstream_http import FORWARDED_HEADERS, request_body
 
 log = logging.getLogger("wsmode.ws")
 
@@ -127,7 +127,7 @@ class ClientConnection:
         decoder = SSEDecoder(self.state.settings.upstream.max_event_bytes)
         try:
             async with self.state.upstream.stream(
-                start.path, b"".join(start.body), self.upstream_headers
+                start.path, request_body(start.body), self.upstream_headers
             ) as chunks:
                 async for chunk in chunks:
                     for event in decoder.feed(chunk):

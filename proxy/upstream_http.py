@@ -21,6 +21,11 @@ from proxy.core.errors import UpstreamError, upstream_http_error
 FORWARDED_HEADERS = ("authorization", "openai-organization", "openai-project", "x-request-id")
 
 
+def request_body(pieces: list[bytes]) -> bytes:
+    """The upstream request body from the session's pieces (cached history bytes)."""
+    return b"".join(pieces)
+
+
 class UpstreamClient:
     def __init__(self, base_url: str, settings: UpstreamSettings) -> None:
         self.base_url = base_url.rstrip("/")
