@@ -100,6 +100,7 @@ class ClientConnection:
                 # aiohttp already closed with the matching code (1009 too big, 1007 bad UTF-8)
                 log.info("connection %s protocol error: %s", self.id, ws.exception())
                 return
+            del msg  # an idle connection must not keep its last message (up to 16 MiB) alive
 
     async def _execute(self, actions: Iterable[Action]) -> None:
         for action in actions:

@@ -374,7 +374,7 @@ class Session:
         rid = stream.response_id
         usage = (stream.response or {}).get("usage")
         if stream.outcome in ("completed", "incomplete") and rid:
-            self._remember(run, rid, [wire.dumps(item) for item in stream.output])
+            self._remember(run, rid, [wire.dumps_kept(item) for item in stream.output])
         else:
             self._evict_parent(run)
         return [
