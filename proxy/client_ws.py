@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections.abc import Iterable
 
 from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp.abc import AbstractStreamWriter
 
 from proxy.core.conversation import ResponseCache
 from proxy.core.errors import UpstreamError
@@ -62,10 +64,13 @@ class ClientConnection:
         self.pumps: dict[int, asyncio.Task[None]] = {}
         self.tg: asyncio.TaskGroup | None = None
         self.responses = 0
+        self.writer: AbstractStreamWriter | None = None  # set when frames go out in batches
 
     async def run(self) -> web.WebSocketResponse:
         ws = self.ws
-        await ws.prepare(self.request)
+        writer = await ws.prepare(self.request)
+        if not ws.compress:
+            self.writer = writer
         log.info("connection %s open from %s", self.id, self.request.remote)
         try:
             async with asyncio.TaskGroup() as tg:
@@ -103,15 +108,15 @@ class ClientConnection:
             del msg  # an idle connection must not keep its last message (up to 16 MiB) alive
 
     async def _execute(self, actions: Iterable[Action]) -> None:
+        frames: list[bytes] = []  # consecutive Sends go out together
         for action in actions:
             if isinstance(action, Send):
-                if self.ws.closed:
-                    continue
-                try:
-                    await self.ws.send_frame(action.frame, WSMsgType.TEXT)
-                except ConnectionError:
-                    continue  # the reader sees the close and cleans up
-            elif isinstance(action, StartUpstream):
+                frames.append(action.frame)
+                continue
+            if frames:
+                await self._send(frames)
+                frames = []
+            if isinstance(action, StartUpstream):
                 assert self.tg is not None
                 self.pumps[action.run_id] = self.tg.create_task(self._pump(action))
             elif isinstance(action, CancelUpstream):
@@ -122,6 +127,32 @@ class ClientConnection:
                 await self.ws.close(code=action.code, message=action.reason.encode())
             elif isinstance(action, Finished):
                 self.responses += 1
+        if frames:
+            await self._send(frames)
+
+    async def _send(self, frames: list[bytes]) -> None:
+        """Send text frames in order. Without permessage-deflate, all the frames that one
+        upstream chunk produced are encoded here (RFC 6455 5.2: a server frame is a header
+        and the unmasked payload) and written with one transport write, not one write and
+        one syscall each; then the writer's drain applies the transport's backpressure."""
+        ws = self.ws
+        if ws.closed:
+            return
+        try:
+            transport = self.request.transport
+            if self.writer is None or transport is None:
+                for frame in frames:
+                    await ws.send_frame(frame, WSMsgType.TEXT)
+                return
+            if transport.is_closing():
+                return  # the reader sees the close and cleans up
+            parts: list[bytes] = []
+            for frame in frames:
+                parts += (_text_header(len(frame)), frame)
+            transport.write(b"".join(parts))
+            await self.writer.drain()
+        except ConnectionError:
+            pass  # the reader sees the close and cleans up
 
     async def _pump(self, start: StartUpstream) -> None:
         run_id, session = start.run_id, self.session
@@ -131,10 +162,14 @@ class ClientConnection:
                 start.path, request_body(start.body), self.upstream_headers
             ) as chunks:
                 async for chunk in chunks:
+                    actions: list[Action] = []
                     for event in decoder.feed(chunk):
-                        await self._execute(session.upstream_event(run_id, event))
+                        actions += session.upstream_event(run_id, event)
                         if not session.is_active(run_id):
-                            return
+                            break
+                    await self._execute(actions)
+                    if not session.is_active(run_id):
+                        return
                 await self._execute(session.upstream_eof(run_id))
         except UpstreamError as err:
             log.warning("connection %s upstream failure: %s", self.id, err.message)
@@ -146,3 +181,12 @@ class ClientConnection:
         finally:
             if self.pumps.get(run_id) is asyncio.current_task():
                 del self.pumps[run_id]
+
+
+def _text_header(n: int) -> bytes:
+    """The header of one unmasked, final text frame of `n` payload bytes (RFC 6455 5.2)."""
+    if n < 126:
+        return bytes((0x81, n))
+    if n < 65536:
+        return struct.pack("!BBH", 0x81, 126, n)
+    return struct.pack("!BBQ", 0x81, 127, n)
