@@ -166,6 +166,7 @@ async def run(
         print(line, flush=True)
 
     started = time.monotonic()
+    load_before = os.getloadavg()
     results: dict[str, Any] = {}
     link_method = "not run"
     log(f"wsmode bench ({plan.name}): {', '.join(selected)} on {_machine()}")
@@ -185,6 +186,13 @@ async def run(
             results[name] = await scale.run(list(plan.scale), plan.conversation_bytes, log)
         log(f"  ({time.monotonic() - t0:.0f} s)")
     results["method"] = _method(plan, link_method, relay_loop)
+    # other processes on the machine skew throughput and tail latency; say how busy it was
+    load = [round(x, 2) for x in (*load_before, *os.getloadavg())]
+    results["method"]["load_average"] = (
+        f"1/5/15 min before {load[0]}/{load[1]}/{load[2]}, after {load[3]}/{load[4]}/{load[5]}"
+        f" on {os.cpu_count()} CPUs"
+        + (" (busy machine: throughput and p99 figures are noisy)" if max(load) > 1.0 else "")
+    )
     results["targets"] = report.targets(results)
     results["elapsed_s"] = round(time.monotonic() - started, 1)
     print("\nmethod")
