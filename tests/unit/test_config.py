@@ -64,7 +64,9 @@ def test_env_aliases_and_generic_names() -> None:
         ("[cache]\nconnection_max_bytes = -1\n", {}, "must not be negative"),
     ],
 )
-def test_bad_config_is_an_error(tmp_path: Path, text: str, env: dict[str, str], message: str) -> None:
+def test_bad_config_is_an_error(
+    tmp_path: Path, text: str, env: dict[str, str], message: str
+) -> None:
     path = tmp_path / "c.toml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
