@@ -69,7 +69,11 @@ async def _open(
 
 
 async def _round(
-    sockets: list[aiohttp.ClientWebSocketResponse], frame: bytes, per_socket: int, proxy: Server
+    sockets: list[aiohttp.ClientWebSocketResponse],
+    frame: bytes,
+    per_socket: int,
+    proxy: Server,
+    sim: Server,
 ) -> dict[str, Any]:
     async def drive(ws: aiohttp.ClientWebSocketResponse) -> int:
         n = 0
@@ -77,12 +81,17 @@ async def _round(
             n += (await ws_turn(ws, frame)).events
         return n
 
-    cpu0 = proxy.cpu_ns()
+    cpu0, sim0, own0 = proxy.cpu_ns(), sim.cpu_ns(), time.process_time()
     t0 = time.perf_counter()
     counts = await asyncio.wait_for(asyncio.gather(*(drive(ws) for ws in sockets)), 600)
     wall = time.perf_counter() - t0
     cpu = proxy.cpu_ns() - cpu0
     events = sum(counts)
+    # the three processes share the machine's CPUs: what the others used explains the rate
+    others = {
+        "sim_cpu_s": round((sim.cpu_ns() - sim0) / 1e9, 4),
+        "client_cpu_s": round(time.process_time() - own0, 4),
+    }
     return {
         "connections": len(sockets),
         "events": events,
@@ -90,16 +99,22 @@ async def _round(
         "events_per_s": round(events / wall),
         "proxy_cpu_s": round(cpu / 1e9, 4),
         "proxy_cpu_us_per_event": round(cpu / 1e3 / events, 2),
+        **others,
     }
 
 
 async def _measure(
-    session: aiohttp.ClientSession, proxy: Server, n: int, tokens: int, per_socket: int
+    session: aiohttp.ClientSession,
+    proxy: Server,
+    sim: Server,
+    n: int,
+    tokens: int,
+    per_socket: int,
 ) -> dict[str, Any]:
     sockets = await _open(session, f"ws://{proxy.host}:{proxy.port}/v1/responses", n)
     try:
-        await _round(sockets, _create(8), 1, proxy)  # warm: wsmode's upstream pool is open
-        return await _round(sockets, _create(tokens), per_socket, proxy)
+        await _round(sockets, _create(8), 1, proxy, sim)  # warm: wsmode's upstream pool is open
+        return await _round(sockets, _create(tokens), per_socket, proxy, sim)
     finally:
         await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
 
@@ -155,7 +170,7 @@ async def run(plan: RelayPlan, log: Callable[[str], None]) -> dict[str, Any]:
             for n in plan.connections:
                 per = max(1, plan.fast_events // n)
                 tokens, rounds = (per, 1) if n > 1 else (min(per, 10_000), max(1, per // 10_000))
-                r = await _measure(session, proxy, n, tokens, rounds)
+                r = await _measure(session, proxy, sim, n, tokens, rounds)
                 log(
                     f"  relay fast {n} connection(s): {r['events_per_s']:,} events/s, "
                     f"{r['proxy_cpu_us_per_event']} us CPU/event"
@@ -170,7 +185,7 @@ async def run(plan: RelayPlan, log: Callable[[str], None]) -> dict[str, Any]:
             )
             proxy = await start_proxy(servers, f"{sim.base}/v1", env=env, loop=plan.loop)
             tokens = max(1, int(plan.paced_tps * plan.paced_seconds))
-            r = await _measure(session, proxy, plan.paced_streams, tokens, 1)
+            r = await _measure(session, proxy, sim, plan.paced_streams, tokens, 1)
             r["offered_events_per_s"] = round(plan.paced_tps * plan.paced_streams)
             log(
                 f"  relay paced {plan.paced_streams} streams x {plan.paced_tps:g} tokens/s: "

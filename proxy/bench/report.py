@@ -106,6 +106,17 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             "ms",
         )
     )
+    small = _closest(over.get("build", []), 20 * KIB)
+    growth = build["p50_ms"] - small["p50_ms"] if build and small else nan
+    out.append(
+        _target(
+            "building the upstream body: 4 MB minus 20 KB history (p50)",
+            "<= 0.05 ms (grows only with new items)",
+            growth,
+            lambda v: v <= 0.05,
+            "ms",
+        )
+    )
     relay = results.get("relay", {})
     fast = {r["connections"]: r for r in relay.get("fast", [])}
     one, many = fast.get(1), fast.get(1000)
@@ -238,6 +249,8 @@ def table(results: dict[str, Any]) -> str:
             lines.append(
                 f"  fast, {r['connections']:>5} connection(s): {r['events_per_s']:>9,} events/s,"
                 f" {r['proxy_cpu_us_per_event']:>6.2f} us proxy CPU/event"
+                f" (CPU s: wsmode {r['proxy_cpu_s']}, model {r['sim_cpu_s']},"
+                f" clients {r['client_cpu_s']}, wall {r['seconds']})"
             )
         p = relay.get("paced")
         if p:

@@ -58,5 +58,5 @@ def test_smallest_bench_run_writes_a_complete_report(tmp_path: Path) -> None:
 
     results = {t["result"] for t in report["targets"]}
     assert results <= {"PASS", "FAIL", "NOT RUN"}
-    assert len(report["targets"]) == 13
+    assert len(report["targets"]) == 14
     assert "targets" in proc.stdout and "method" in proc.stdout
