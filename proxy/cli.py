@@ -320,5 +320,68 @@ def soak(
     sys.exit(1 if failed else 0)
 
 
+# ---- wsmode bench (issue 6) ----
+
+
+@main.command()
+@click.argument(
+    "scenarios",
+    nargs=-1,
+    type=click.Choice(["agent-loop", "overhead", "relay", "scale"]),
+)
+@click.option("--quick", is_flag=True, help="A smaller run, within a minute.")
+@click.option("--smoke", is_flag=True, hidden=True, help="The tiniest run (for the tests).")
+@click.option(
+    "--link",
+    type=click.Choice(["auto", "netem", "shim"]),
+    default="auto",
+    show_default=True,
+    help="WAN emulation for agent-loop: tc netem in a namespace, or the built-in shim.",
+)
+@click.option(
+    "--loop",
+    "relay_loop",
+    type=click.Choice(["asyncio", "uvloop"]),
+    default="asyncio",
+    show_default=True,
+    help="Event loop of the wsmode process in the relay scenario (uvloop must be installed).",
+)
+@click.option("--json", "json_path", default="bench.json", show_default=True, help="JSON report.")
+@click.option("--png", "png_path", default="bench.png", show_default=True, help="PNG chart.")
+def bench(
+    scenarios: tuple[str, ...],
+    quick: bool,
+    smoke: bool,
+    link: str,
+    relay_loop: str,
+    json_path: str,
+    png_path: str,
+) -> None:
+    """Benchmarks: agent-loop, overhead, relay, scale (all when none is named)."""
+    import asyncio
+    from pathlib import Path
+
+    from proxy.bench.procs import BenchError
+    from proxy.bench.runner import PLANS, SCENARIOS, run
+
+    plan = PLANS["smoke" if smoke else "quick" if quick else "full"]
+    try:
+        asyncio.run(
+            run(
+                list(scenarios or SCENARIOS),
+                plan,
+                link=link,
+                relay_loop=relay_loop,
+                json_path=Path(json_path) if json_path else None,
+                png_path=Path(png_path) if png_path else None,
+            )
+        )
+    except BenchError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+# ---- end of wsmode bench ----
+
+
 if __name__ == "__main__":
     sys.exit(main())

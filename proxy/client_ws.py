@@ -23,10 +23,12 @@ import contextlib
 import functools
 import logging
 import socket
+import struct
 import time
 from collections.abc import Iterable
 
 from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp.abc import AbstractStreamWriter
 
 from proxy.core import wire
 from proxy.core.context import CountTokens, Summarise
@@ -106,10 +108,13 @@ class ClientConnection:
         self.draining = False
         self._idle = asyncio.Event()
         self._drain_task: asyncio.Task[None] | None = None
+        self.writer: AbstractStreamWriter | None = None  # set when frames go out in batches
 
     async def run(self) -> web.WebSocketResponse:
         ws = self.ws
-        await ws.prepare(self.request)
+        writer = await ws.prepare(self.request)
+        if not ws.compress:
+            self.writer = writer
         self._bound_buffers()
         log.info("connection %s open from %s", self.id, self.request.remote)
         self.ops.register(self, self.cache)
@@ -225,35 +230,21 @@ class ClientConnection:
                 # aiohttp already closed with the matching code (1009 too big, 1007 bad UTF-8)
                 log.info("connection %s protocol error: %s", self.id, ws.exception())
                 return
+            del msg  # an idle connection must not keep its last message (up to 16 MiB) alive
 
     # ---- executing the session's actions
 
     async def _execute(self, actions: Iterable[Action], run_id: int | None = None) -> None:
-        frames: list[bytes] = []  # a run's last events precede its Finished in one batch
+        frames: list[bytes] = []  # consecutive Sends go out together, in one write
+        last: list[bytes] = []  # a run's last events, written before its Finished
         for action in actions:
             if isinstance(action, Send):
                 frames.append(action.frame)
-                if self.ws.closed:
-                    continue
-                frame = action.frame
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug(
-                        "connection %s sends %s (%d bytes)", self.id, _kind(frame), len(frame)
-                    )
-                try:
-                    async with asyncio.timeout(self.send_timeout):
-                        await self.ws.send_frame(frame, WSMsgType.TEXT)
-                except ConnectionError:
-                    continue  # the reader sees the close and cleans up
-                except TimeoutError:
-                    # the frame is already queued; only the wait for room timed out
-                    self.bytes_out += len(frame)
-                    if run_id is not None:
-                        raise ClientTooSlow from None
-                    continue
-                self.bytes_out += len(frame)
-                self.ops.metrics.client_bytes_sent.inc(len(frame))
-            elif isinstance(action, StartUpstream | Summarise):
+                continue
+            if frames:
+                await self._send(frames, run_id)
+                last, frames = frames[-2:], []
+            if isinstance(action, StartUpstream | Summarise):
                 assert self.tg is not None
                 self.pumps[action.run_id] = self.tg.create_task(self._pump(action))
             elif isinstance(action, CancelUpstream):
@@ -264,12 +255,52 @@ class ClientConnection:
                 await self._close(action.code, action.reason.encode())
             elif isinstance(action, Finished):
                 self.responses += 1
-                self.tracker.finished(action, frames[-2:])
-                frames = []
+                self.tracker.finished(action, last)
+                last = []
             elif isinstance(action, CountTokens) and self.state.tokenizer is not None:
                 self.state.tokenizer.submit(action.jobs, self.upstream_headers)
+        if frames:
+            await self._send(frames, run_id)
         if self.draining:
             self._check_idle()
+
+    async def _send(self, frames: list[bytes], run_id: int | None) -> None:
+        """Send text frames in order. Without permessage-deflate, all the frames that one
+        upstream chunk produced are encoded here (RFC 6455 5.2: a server frame is a header
+        and the unmasked payload) and written with one transport write, not one write and
+        one syscall each; then the writer's drain applies the transport's backpressure.
+        A drain blocked for `server.send_timeout` raises ClientTooSlow for a response's
+        frames (`run_id`); the frames stay queued for when the client reads again."""
+        ws = self.ws
+        if ws.closed:
+            return
+        if log.isEnabledFor(logging.DEBUG):
+            for frame in frames:
+                log.debug("connection %s sends %s (%d bytes)", self.id, _kind(frame), len(frame))
+        size = sum(len(frame) for frame in frames)
+        try:
+            async with asyncio.timeout(self.send_timeout):
+                transport = self.request.transport
+                if self.writer is None or transport is None:
+                    for frame in frames:
+                        await ws.send_frame(frame, WSMsgType.TEXT)
+                elif transport.is_closing():
+                    return  # the reader sees the close and cleans up
+                else:
+                    parts: list[bytes] = []
+                    for frame in frames:
+                        parts += (_text_header(len(frame)), frame)
+                    transport.write(b"".join(parts))
+                    await self.writer.drain()
+        except ConnectionError:
+            return  # the reader sees the close and cleans up
+        except TimeoutError:
+            self.bytes_out += size  # queued already; only the wait for room timed out
+            if run_id is not None:
+                raise ClientTooSlow from None
+            return
+        self.bytes_out += size
+        self.ops.metrics.client_bytes_sent.inc(size)
 
     async def _pump(self, start: StartUpstream | Summarise) -> None:
         run_id = start.run_id
@@ -337,3 +368,12 @@ def _kind(frame: bytes) -> str:
         return "?"
     kind = ev.get("type") if isinstance(ev, dict) else None
     return kind if isinstance(kind, str) else "?"
+
+
+def _text_header(n: int) -> bytes:
+    """The header of one unmasked, final text frame of `n` payload bytes (RFC 6455 5.2)."""
+    if n < 126:
+        return bytes((0x81, n))
+    if n < 65536:
+        return struct.pack("!BBH", 0x81, 126, n)
+    return struct.pack("!BBQ", 0x81, 127, n)

@@ -17,7 +17,7 @@ from proxy.core.errors import UpstreamError
 from proxy.core.session import Action, CancelUpstream, Send, Session, StartUpstream
 from proxy.core.sse import SSEDecoder, SSEEventTooLarge
 from proxy.tracking import RunTrace
-from proxy.upstream_http import UpstreamClient
+from proxy.upstream_http import UpstreamClient, request_body
 
 log = logging.getLogger("wsmode.upstream")
 
@@ -44,26 +44,29 @@ async def pump(
     on_sent = trace.sent if trace is not None else None
     try:
         async with upstream.stream(
-            start.path, b"".join(start.body), headers, on_sent=on_sent
+            start.path, request_body(start.body), headers, on_sent=on_sent
         ) as chunks:
             async for chunk in chunks:
                 if trace is not None:
                     trace.chunk(len(chunk))
+                # the events of one chunk are executed together: their frames go out in
+                # one write (client_ws), not one write and one syscall each
+                actions: list[Action] = []
                 for event in decoder.feed(chunk):
                     if debug:  # the type and size, never the payload
                         log.debug(
                             "%s upstream event %s (%d bytes)", label, event.event, len(event.data)
                         )
-                    actions = session.upstream_event(run_id, event)
-                    await execute(actions)
-                    if trace is not None and trace.first_sent is None and _sends(actions):
-                        trace.delivered()
+                    actions += session.upstream_event(run_id, event)
                     if not session.is_active(run_id):
-                        if any(
-                            isinstance(a, CancelUpstream) and a.run_id == run_id for a in actions
-                        ):
-                            raise _Abandon  # leaving the stream early closes the upstream
-                        return  # a terminal event: the rest ([DONE]) is drained for reuse
+                        break
+                if trace is not None and trace.first_sent is None and _sends(actions):
+                    trace.delivered()  # the first event is handed to the client's writer now
+                await execute(actions)
+                if not session.is_active(run_id):
+                    if any(isinstance(a, CancelUpstream) and a.run_id == run_id for a in actions):
+                        raise _Abandon  # leaving the stream early closes the upstream
+                    return  # a terminal event: the rest ([DONE]) is drained for reuse
             await execute(session.upstream_eof(run_id))
     except _Abandon:
         pass

@@ -69,6 +69,11 @@ class UpstreamGate:
                 sem.release()
 
 
+def request_body(pieces: list[bytes]) -> bytes:
+    """The upstream request body from the session's pieces (cached history bytes)."""
+    return b"".join(pieces)
+
+
 class UpstreamClient:
     def __init__(self, base_url: str, settings: UpstreamSettings) -> None:
         self.base_url = base_url.rstrip("/")

@@ -122,7 +122,7 @@ def parse_create(body: dict[str, Any]) -> CreateRequest:
             "'previous_response_id' and 'conversation' cannot be used together.",
             "conversation",
         )
-    items = tuple(wire.dumps(item) for item in normalise_input(raw_input))
+    items = tuple(wire.dumps_kept(item) for item in normalise_input(raw_input))
     settings = {
         k: v for k, v in body.items() if k not in WS_ONLY_FIELDS and k not in REBUILT_FIELDS
     }

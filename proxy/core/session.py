@@ -499,7 +499,7 @@ class Session:
         usage = (stream.response or {}).get("usage")
         out: list[Action] = []
         if stream.outcome in ("completed", "incomplete") and rid:
-            output = [wire.dumps(item) for item in stream.output]
+            output = [wire.dumps_kept(item) for item in stream.output]
             self._remember(run, rid, output, stream.response or {})
             if run.steers:
                 out += self._after_steered_end(run, rid)

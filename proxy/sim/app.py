@@ -15,6 +15,11 @@ with no terminal event).
 `context_window` (tokens, 0 = unlimited) makes it refuse, like a real server, a request
 whose input does not fit: 400 `context_length_exceeded`. `POST /tokenize` answers like
 llama.cpp's (`{"content": ...}` -> `{"tokens": [...]}`) with the same tokenizer.
+Writes: with `tokens_per_second` above 0 every event is its own write, paced as configured;
+at 0 the events are joined into writes of up to 64 KiB. For latency benchmarks,
+`metadata.sim_stamp: "true"` adds `sim_sent_ns` (CLOCK_MONOTONIC, ns) to every event, taken just
+before it is serialised and written, and `metadata.sim_output_tokens: "N"` overrides
+`output_tokens` for that request.
 """
 
 from __future__ import annotations
@@ -70,6 +75,12 @@ def _error(status: int, message: str, code: str | None, param: str | None = None
     return web.Response(status=status, body=wire.dumps(body), content_type="application/json")
 
 
+_DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
+# With tokens_per_second = 0 the stream is written as fast as possible: events are joined into
+# writes of about this size, as a fast server's socket buffer would carry them.
+_BATCH_BYTES = 64 * 1024
+
+
 def _sse(ev: dict[str, Any]) -> bytes:
     kind: str = ev["type"]
     return b"event: " + kind.encode() + b"\ndata: " + wire.dumps(ev) + b"\n\n"
@@ -119,10 +130,11 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         return _error(code, f"simulated upstream failure {code}", "server_error")
     after = int(arg) if arg.isdigit() else 3
 
+    tokens = str(meta.get("sim_output_tokens") or "")  # metadata values are strings in the API
     p = plan(
         body,
         seed=cfg.seed,
-        output_tokens=cfg.output_tokens,
+        output_tokens=int(tokens) if tokens.isdigit() and int(tokens) > 0 else cfg.output_tokens,
         tool_calls_per_turn=cfg.tool_calls_per_turn,
         output_items=cfg.output_items,
     )
@@ -134,6 +146,8 @@ async def _responses(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
+    stamp = str(meta.get("sim_stamp")).lower() == "true"
+    paced = cfg.tokens_per_second > 0
     state.started += 1
     state.active += 1
     state.peak_active = max(state.peak_active, state.active)
@@ -141,24 +155,35 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         await resp.prepare(request)
         t0 = time.monotonic()
         token = 0
+        pending: list[bytes] = []  # unpaced: events written together, up to _BATCH_BYTES
+        size = 0
         for i, ev in enumerate(response_events(body, p)):
             if kind and i == after:
+                if pending:
+                    await resp.write(b"".join(pending))
                 return await _inject(kind, request, resp, ev)
-            if ev["type"] in (
-                "response.output_text.delta",
-                "response.function_call_arguments.delta",
-            ):
-                due = (
-                    t0
-                    + cfg.ttft_ms / 1000
-                    + (token / cfg.tokens_per_second if cfg.tokens_per_second else 0)
-                )
+            if ev["type"] in _DELTAS:
+                due = t0 + cfg.ttft_ms / 1000 + (token / cfg.tokens_per_second if paced else 0)
                 token += 1
                 delay = due - time.monotonic()
                 if delay > 0:
+                    if pending:
+                        await resp.write(b"".join(pending))
+                        pending, size = [], 0
                     await asyncio.sleep(delay)
-            await resp.write(_sse(ev))
-        await resp.write(b"data: [DONE]\n\n")
+            if stamp:
+                ev["sim_sent_ns"] = time.monotonic_ns()
+            data = _sse(ev)
+            if paced:
+                await resp.write(data)  # token-paced: one event per write, as a model server
+                continue
+            pending.append(data)
+            size += len(data)
+            if size >= _BATCH_BYTES:
+                await resp.write(b"".join(pending))
+                pending, size = [], 0
+        pending.append(b"data: [DONE]\n\n")
+        await resp.write(b"".join(pending))
         state.completed += 1
         return resp
     except (asyncio.CancelledError, ConnectionResetError):

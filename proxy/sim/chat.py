@@ -103,7 +103,9 @@ def _calls(p: Plan, parallel: int) -> list[ToolCall]:
     if call is None:
         return []
     return [
-        ToolCall(call.name, f"{call.call_id}_{i}" if i else call.call_id, call.arguments)
+        ToolCall(
+            call.name, f"{call.call_id}_{i}" if i else call.call_id, call.arguments, call.pieces
+        )
         for i in range(max(1, parallel))
     ]
 

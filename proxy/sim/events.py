@@ -42,8 +42,7 @@ def response_events(body: dict[str, Any], plan: Plan) -> Iterator[dict[str, Any]
             "arguments": "",
         }
         yield ev("response.output_item.added", output_index=0, item=dict(item))
-        half = len(call.arguments) // 2
-        for piece in (call.arguments[:half], call.arguments[half:]):
+        for piece in call.pieces:
             yield ev(
                 "response.function_call_arguments.delta",
                 item_id=item_id,
@@ -58,7 +57,7 @@ def response_events(body: dict[str, Any], plan: Plan) -> Iterator[dict[str, Any]
             arguments=call.arguments,
         )
         item.update(status="completed", arguments=call.arguments)
-        output_tokens = max(1, len(call.arguments) // 4)
+        output_tokens = len(call.pieces)
         yield ev("response.output_item.done", output_index=0, item=item)
         output = [item]
     else:

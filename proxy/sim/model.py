@@ -20,6 +20,10 @@ which facts survived a compaction.
 Tokens: one per 4 UTF-8 bytes of text (`tokenize`). A request costs the tokens of each
 input item's text plus 4 per item, plus its instructions (`count_tokens`); that is what the
 usage reports and what a `context_window` is checked against.
+
+A tool call costs as many output tokens as a text answer (`output_tokens`): its arguments are
+`{"n": <items seen>, "q": "<output_tokens words>"}`, streamed one word per delta, so an agent
+loop over the simulated model has the model time the profile asks for.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class ToolCall:
     name: str
     call_id: str
     arguments: str
+    pieces: tuple[str, ...]  # the argument deltas, one per output token
 
 
 SUMMARY_LEAD = "Summary:"
@@ -181,10 +186,12 @@ def plan(
             choice in ("auto", None) and _outputs_since_user(items) < tool_calls_per_turn
         ):
             call_name = names[0]
-    if call_name is not None:
-        args = wire.dumps({"n": len(items), "q": rng.choice(_WORDS)}).decode()
-        call = ToolCall(call_name, f"call_{digest[:24]}", args)
-        return Plan([], call, input_tokens, digest)
     count = max(1, output_tokens)
     tokens = [("" if i == 0 else " ") + rng.choice(_WORDS) for i in range(count)]
+    if call_name is not None:
+        # the words never need JSON escaping, so the pieces concatenate to valid JSON
+        pieces = [f'{{"n": {len(items)}, "q": "{tokens[0]}', *tokens[1:]]
+        pieces[-1] += '"}'
+        call = ToolCall(call_name, f"call_{digest[:24]}", "".join(pieces), tuple(pieces))
+        return Plan([], call, input_tokens, digest)
     return Plan(tokens, None, input_tokens, digest, items=output_items)

@@ -1,0 +1,299 @@
+"""Scenario "agent-loop": a scripted coding agent over an emulated WAN link.
+
+The agent sends a first prompt, then answers every tool call with a tool output, until the
+simulated model answers in text (after `tool_calls` calls). Contenders, interleaved in one
+run (A B C A B C ...):
+
+- http-direct: HTTP straight to the model with the full history every turn, on one
+  keep-alive connection, as the SDKs do;
+- ws-wsmode: WebSocket mode through `wsmode serve`: each turn sends only the tool output
+  and `previous_response_id`;
+- http-sidecar: the same HTTP client pointed at a local `wsmode sidecar`, which holds a
+  WebSocket-mode connection to `wsmode serve` (only when the `sidecar` command exists).
+
+The link sits between the client side (the agent, and the sidecar) and the server side (the
+model for http-direct; wsmode for the others); wsmode to the model is loopback. The ideal is
+the model's own time (time to first token plus the paced tokens) plus one round trip per
+turn. Each loop's time includes opening its connection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+
+from proxy.bench.clients import http_turn, ws_connect, ws_turn
+from proxy.bench.link import WAN_HOST, NetemLink, ShimLink
+from proxy.bench.procs import (
+    BenchError,
+    Servers,
+    cli_has_command,
+    sim_env,
+    start_proxy,
+    start_sidecar,
+    start_sim,
+)
+
+HTTP_DIRECT, WS_WSMODE, HTTP_SIDECAR = "http-direct", "ws-wsmode", "http-sidecar"
+TOOLS = [
+    {
+        "type": "function",
+        "name": "shell",
+        "description": "Run a shell command in the repository and return its output.",
+        "parameters": {
+            "type": "object",
+            "properties": {"n": {"type": "integer"}, "q": {"type": "string"}},
+            "required": ["q"],
+        },
+    }
+]
+_WORDS = (
+    "def class return import self value result error test build file line module config "
+    "path index token stream event socket buffer cache request response client server"
+).split()
+
+
+@dataclass(frozen=True)
+class AgentProfile:
+    """The default is the issue's "coding-agent" profile."""
+
+    tool_calls: int = 30
+    tool_output_bytes: int = 8 * 1024
+    first_prompt_bytes: int = 20 * 1024
+    ttft_ms: float = 50.0
+    tokens_per_second: float = 1000.0
+    output_tokens: int = 60
+
+
+@dataclass(frozen=True)
+class Cell:
+    rtt_ms: float
+    uplink_mbit: float
+    reps: int
+
+
+@dataclass
+class Loop:
+    seconds: float
+    turns: int
+    model_seconds: float  # the simulated model's own time, summed over turns
+    bytes_sent: int  # request bodies / frames the client wrote
+    history_bytes: int  # the conversation's JSON size at the end
+
+
+class Link(Protocol):
+    method: str
+    rtt_ms: float
+
+    def address(self, host: str, port: int) -> tuple[str, int]: ...
+
+    async def set(self, rtt_ms: float, up_mbit: float, down_mbit: float = 0.0) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _text(nbytes: int, seed: int) -> str:
+    rng = random.Random(seed)
+    words: list[str] = []
+    size = 0
+    while size < nbytes:
+        w = rng.choice(_WORDS)
+        words.append(w)
+        size += len(w) + 1
+    return " ".join(words)[:nbytes]
+
+
+def _model_time(profile: AgentProfile, deltas: int) -> float:
+    paced = (deltas - 1) / profile.tokens_per_second if profile.tokens_per_second else 0.0
+    return profile.ttft_ms / 1000 + max(paced, 0.0)
+
+
+def _next_input(profile: AgentProfile, response: dict[str, Any], k: int) -> list[dict[str, Any]]:
+    calls = [i for i in response["output"] if i.get("type") == "function_call"]
+    return [
+        {
+            "type": "function_call_output",
+            "call_id": c["call_id"],
+            "output": _text(profile.tool_output_bytes, seed=k * 100 + j),
+        }
+        for j, c in enumerate(calls)
+    ]
+
+
+def _settings() -> dict[str, Any]:
+    return {"model": "sim", "tools": TOOLS, "tool_choice": "auto", "store": False}
+
+
+async def http_loop(url: str, profile: AgentProfile) -> Loop:
+    """Full history every turn, one keep-alive connection (opened by the first turn)."""
+    history: list[Any] = [
+        {"type": "message", "role": "user", "content": _text(profile.first_prompt_bytes, 1)}
+    ]
+    connector = aiohttp.TCPConnector(limit=1)
+    sent = 0
+    model = 0.0
+    t0 = time.perf_counter()
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for k in range(profile.tool_calls + 2):  # bounded: the model answers after tool_calls
+            body = orjson.dumps({**_settings(), "input": history, "stream": True})
+            sent += len(body)
+            turn = await http_turn(session, url, body)
+            model += _model_time(profile, turn.deltas)
+            history += turn.response["output"]
+            new = _next_input(profile, turn.response, k)
+            if not new:
+                seconds = time.perf_counter() - t0
+                return Loop(seconds, k + 1, model, sent, len(orjson.dumps(history)))
+            history += new
+    raise BenchError("the agent loop did not end within its turn bound")
+
+
+async def ws_loop(url: str, profile: AgentProfile) -> Loop:
+    """WebSocket mode: the first turn sends the prompt, then only tool outputs."""
+    first = {"type": "message", "role": "user", "content": _text(profile.first_prompt_bytes, 1)}
+    new: list[Any] = [first]
+    history: list[Any] = [first]
+    previous: str | None = None
+    sent = 0
+    model = 0.0
+    t0 = time.perf_counter()
+    async with aiohttp.ClientSession() as session:
+        ws = await ws_connect(session, url)
+        try:
+            for k in range(profile.tool_calls + 2):
+                create = {"type": "response.create", **_settings(), "input": new}
+                if previous:
+                    create["previous_response_id"] = previous
+                frame = orjson.dumps(create)
+                sent += len(frame)
+                turn = await ws_turn(ws, frame)
+                model += _model_time(profile, turn.deltas)
+                previous = turn.response["id"]
+                history += turn.response["output"]
+                new = _next_input(profile, turn.response, k)
+                if not new:
+                    seconds = time.perf_counter() - t0
+                    return Loop(seconds, k + 1, model, sent, len(orjson.dumps(history)))
+                history += new
+        finally:
+            await ws.close()
+    raise BenchError("the agent loop did not end within its turn bound")
+
+
+def _summary(loops: list[Loop], errors: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"runs_s": [round(lp.seconds, 4) for lp in loops], "errors": errors}
+    if loops:
+        out.update(
+            median_s=round(statistics.median(lp.seconds for lp in loops), 4),
+            turns=loops[0].turns,
+            bytes_sent=loops[0].bytes_sent,
+            history_bytes=loops[0].history_bytes,
+            model_s=round(loops[0].model_seconds, 4),
+        )
+    return out
+
+
+async def run_cells(
+    profile: AgentProfile, cells: list[Cell], link_kind: str, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """Start the programs, then run every cell's loops, contenders interleaved."""
+    servers = Servers()
+    link: Link | None = None
+    notes: list[str] = []
+    try:
+        env = sim_env(
+            ttft_ms=profile.ttft_ms,
+            tokens_per_second=profile.tokens_per_second,
+            output_tokens=profile.output_tokens,
+            tool_calls_per_turn=profile.tool_calls,
+        )
+        upstream_sim = await start_sim(servers, env)
+        wan = WAN_HOST if link_kind == "netem" else "127.0.0.1"
+        direct_sim = (
+            await start_sim(servers, env, host=wan) if link_kind == "netem" else upstream_sim
+        )
+        proxy = await start_proxy(servers, f"{upstream_sim.base}/v1", host=wan)
+        if link_kind == "netem":
+            link = NetemLink()
+        else:
+            link = await ShimLink.start(
+                [(direct_sim.host, direct_sim.port), (proxy.host, proxy.port)]
+            )
+        await link.set(cells[0].rtt_ms, cells[0].uplink_mbit)
+        dh, dp = link.address(direct_sim.host, direct_sim.port)
+        ph, pp = link.address(proxy.host, proxy.port)
+        runners: dict[str, Callable[[], Awaitable[Loop]]] = {
+            HTTP_DIRECT: lambda: http_loop(f"http://{dh}:{dp}/v1/responses", profile),
+            WS_WSMODE: lambda: ws_loop(f"ws://{ph}:{pp}/v1/responses", profile),
+        }
+        if cli_has_command("sidecar"):
+            try:
+                sidecar = await start_sidecar(servers, f"http://{ph}:{pp}/v1")
+                url = f"{sidecar.base}/v1/responses"
+                runners[HTTP_SIDECAR] = lambda: http_loop(url, profile)
+            except BenchError as exc:
+                notes.append(f"http-sidecar skipped: {exc}")
+        else:
+            notes.append("http-sidecar skipped: this wsmode has no `sidecar` command yet")
+        results = []
+        for cell in cells:
+            await link.set(cell.rtt_ms, cell.uplink_mbit)
+            loops: dict[str, list[Loop]] = {name: [] for name in runners}
+            errors: dict[str, list[str]] = {name: [] for name in runners}
+            for rep in range(cell.reps):
+                for name, run in runners.items():
+                    try:
+                        loops[name].append(await asyncio.wait_for(run(), 300))
+                    except (BenchError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+                        errors[name].append(f"{type(exc).__name__}: {exc}"[:300])
+                    done = loops[name][-1].seconds if loops[name] else float("nan")
+                    log(
+                        f"  agent-loop rtt={cell.rtt_ms:g}ms up={cell.uplink_mbit:g}Mbit/s "
+                        f"rep {rep + 1}/{cell.reps} {name}: {done:.3f}s"
+                    )
+            summary = {name: _summary(loops[name], errors[name]) for name in runners}
+            turns = next((lp[0].turns for lp in loops.values() if lp), 0)
+            model = next((lp[0].model_seconds for lp in loops.values() if lp), 0.0)
+            results.append(
+                {
+                    "rtt_ms": cell.rtt_ms,
+                    "uplink_mbit": cell.uplink_mbit,
+                    "reps": cell.reps,
+                    "ideal_s": round(model + turns * cell.rtt_ms / 1000, 4),
+                    "contenders": summary,
+                }
+            )
+        return {"link": link.method, "profile": asdict(profile), "cells": results, "notes": notes}
+    finally:
+        if link is not None:
+            link.close()
+        servers.stop_all()
+
+
+def main() -> None:
+    """Worker entry point, run inside the netem namespace: JSON in (argv), JSON out (stdout)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("params")
+    doc = json.loads(ap.parse_args().params)
+    profile = AgentProfile(**doc["profile"])
+    cells = [Cell(**c) for c in doc["cells"]]
+
+    def log(line: str) -> None:
+        print(json.dumps({"log": line}), flush=True)
+
+    result = asyncio.run(run_cells(profile, cells, "netem", log))
+    print(json.dumps({"result": result}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""`wsmode bench` end to end at its smallest size: every scenario runs and the JSON report has
+the documented structure. Timings are not checked (benchmarks measure; tests check behaviour)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import seconds
+
+SCENARIOS = ("agent-loop", "overhead", "relay", "scale")
+
+
+def test_smallest_bench_run_writes_a_complete_report(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "proxy.cli", "bench", "--smoke", "--link", "shim"]
+    proc = subprocess.run(
+        [*cmd, "--json", str(out), "--png", ""],
+        capture_output=True,
+        text=True,
+        timeout=seconds(180),
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert set(SCENARIOS) <= set(report)
+    assert "shim" in report["method"]["agent_loop"]  # the report says which link ran
+
+    agent = report["agent-loop"]
+    cell = agent["cells"][0]
+    for name in ("http-direct", "ws-wsmode"):
+        c = cell["contenders"][name]
+        assert c["errors"] == [] and len(c["runs_s"]) == cell["reps"]
+        assert c["turns"] == 3  # two tool calls, then the answer
+    # the WebSocket contender sent only deltas; HTTP sent the history every turn
+    ws, http = cell["contenders"]["ws-wsmode"], cell["contenders"]["http-direct"]
+    assert ws["bytes_sent"] < http["bytes_sent"]
+    assert cell["ideal_s"] > 0
+    if "http-sidecar" not in cell["contenders"]:
+        assert any("sidecar" in note for note in agent["notes"])
+
+    over = report["overhead"]
+    assert {"ttfe_p50_added_ms", "ttfe_p99_added_ms", "total_p50_added_ms"} <= set(over["sizes"][0])
+    assert over["build"][0]["p50_ms"] >= 0
+
+    relay = report["relay"]
+    assert [r["connections"] for r in relay["fast"]] == [1, 10]
+    assert all(r["events"] > 0 and r["proxy_cpu_us_per_event"] > 0 for r in relay["fast"])
+    assert relay["paced"]["connections"] == 10
+    assert relay["latency"]["events"] > 0
+
+    run = report["scale"]["runs"][0]
+    assert run["opened"] == run["connections"] == 20 and run["errors"] == {}
+    assert run["cached_bytes"] > 0
+
+    results = {t["result"] for t in report["targets"]}
+    assert results <= {"PASS", "FAIL", "NOT RUN"}
+    assert len(report["targets"]) == 14
+    assert "targets" in proc.stdout and "method" in proc.stdout
