@@ -208,20 +208,9 @@ class ClientConnection:
 
     async def _read(self) -> None:
         ws = self.ws
-        debug = log.isEnabledFor(logging.DEBUG)
         async for msg in ws:
             if msg.type is WSMsgType.TEXT:
-                data: str = msg.data
-                size = len(data)
-                self.bytes_in += size
-                self.state.client_bytes_received += size
-                if debug:
-                    log.debug("connection %s received a %d-byte message", self.id, size)
-                if self.draining and _is_create(data):
-                    await self._execute([Send(_DRAINING_ERROR)])
-                    continue
-                call = functools.partial(self.session.client_message, data)
-                await self._execute(self.tracker.feed(self.session, call, size))
+                await self._on_text(msg.data)
             elif msg.type is WSMsgType.BINARY:
                 # PROTOCOL 1: text frames only; RFC 6455 1003 = data it cannot accept
                 await self._close(WSCloseCode.UNSUPPORTED_DATA, b"binary frames are not supported")
@@ -231,6 +220,19 @@ class ClientConnection:
                 log.info("connection %s protocol error: %s", self.id, ws.exception())
                 return
             del msg  # an idle connection must not keep its last message (up to 16 MiB) alive
+
+    async def _on_text(self, data: str) -> None:
+        """One client message; its text is referenced by nothing once this returns."""
+        size = len(data)
+        self.bytes_in += size
+        self.state.client_bytes_received += size
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("connection %s received a %d-byte message", self.id, size)
+        if self.draining and _is_create(data):
+            await self._execute([Send(_DRAINING_ERROR)])
+            return
+        call = functools.partial(self.session.client_message, data)
+        await self._execute(self.tracker.feed(self.session, call, size))
 
     # ---- executing the session's actions
 
@@ -279,19 +281,21 @@ class ClientConnection:
                 log.debug("connection %s sends %s (%d bytes)", self.id, _kind(frame), len(frame))
         size = sum(len(frame) for frame in frames)
         try:
-            async with asyncio.timeout(self.send_timeout):
-                transport = self.request.transport
-                if self.writer is None or transport is None:
+            transport = self.request.transport
+            if self.writer is None or transport is None:
+                async with asyncio.timeout(self.send_timeout):
                     for frame in frames:
                         await ws.send_frame(frame, WSMsgType.TEXT)
-                elif transport.is_closing():
-                    return  # the reader sees the close and cleans up
-                else:
-                    parts: list[bytes] = []
-                    for frame in frames:
-                        parts += (_text_header(len(frame)), frame)
-                    transport.write(b"".join(parts))
-                    await self.writer.drain()
+            elif transport.is_closing():
+                return  # the reader sees the close and cleans up
+            else:
+                parts: list[bytes] = []
+                for frame in frames:
+                    parts += (_text_header(len(frame)), frame)
+                transport.write(b"".join(parts))
+                if self.request.protocol.writing_paused:  # only then can the drain block
+                    async with asyncio.timeout(self.send_timeout):
+                        await self.writer.drain()
         except ConnectionError:
             return  # the reader sees the close and cleans up
         except TimeoutError:

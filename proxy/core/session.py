@@ -81,7 +81,7 @@ _STREAM_ID_KEY = b'"stream_id"'
 # ---------------------------------------------------------------- actions
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per event, and frozen init costs twice
 class Send:
     frame: bytes  # one JSON object, sent as one text frame
 

@@ -76,9 +76,21 @@ class ResponsesStream:
         self.response: dict[str, Any] | None = None
         self.outcome: str | None = None
         self.output: list[Any] = []
-        self.last_seq = -1
+        self._seq = -1  # the last sequence_number seen in a parsed event
+        self._unread: bytes | None = None  # a later forwarded event, its number not yet read
         self._open = 0  # output_item.added not yet matched by .done
         self._items: dict[int, Any] = {}  # output_item.done items by output_index
+
+    @property
+    def last_seq(self) -> int:
+        """Read from the last forwarded event only when asked (a failure or a steer needs
+        it): the hot path never searches delta events for their number."""
+        if self._unread is not None:
+            seq = _seq_of(self._unread)
+            if seq is not None:
+                self._seq = seq
+            self._unread = None
+        return self._repair.last_seq if self._repair is not None else self._seq
 
     @property
     def open_items(self) -> int:
@@ -100,13 +112,12 @@ class ResponsesStream:
             return self._maybe_repair(data, kind)
         if kind is None or kind in _PARSED:
             return self._parsed(data, kind)
-        stripped = data.strip()
-        if not (stripped.startswith(b"{") and stripped.endswith(b"}")):
-            raise UpstreamError(f"upstream sent a non-JSON {kind} event", started=True)
-        seq = _seq_of(stripped)
-        if seq is not None:
-            self.last_seq = seq
-        return [stripped]
+        if not (data[:1] == b"{" and data[-1:] == b"}"):
+            data = data.strip()
+            if not (data.startswith(b"{") and data.endswith(b"}")):
+                raise UpstreamError(f"upstream sent a non-JSON {kind} event", started=True)
+        self._unread = data
+        return [data]
 
     def eof(self) -> list[bytes]:
         if self._repair is not None:
@@ -135,7 +146,7 @@ class ResponsesStream:
             return self._error(ev)
         out = repair.feed_event(ev)
         self.response_id, self.response = repair.response_id, repair.response
-        self.outcome, self.output, self.last_seq = repair.outcome, repair.output, repair.last_seq
+        self.outcome, self.output = repair.outcome, repair.output
         return out
 
     @staticmethod
@@ -159,7 +170,7 @@ class ResponsesStream:
             return self._error(ev)
         seq = ev.get("sequence_number")
         if isinstance(seq, int):
-            self.last_seq = seq
+            self._seq, self._unread = seq, None
         if kind not in _PARSED:
             return [wire.dumps(ev)]
         if kind == "response.output_item.added":
