@@ -51,7 +51,10 @@ async def _one(
 
     try:
         sim = await start_sim(servers, sim_env(ttft_ms=0, tokens_per_second=0, output_tokens=8))
-        proxy = await start_proxy(servers, f"{sim.base}/v1")
+        # the connection limit (server.max_connections, 4096 by default) must not be what
+        # this scenario measures: allow every connection it opens, and the warm-up one
+        limit = {"WSMODE_SERVER_MAX_CONNECTIONS": str(counts + 16)}
+        proxy = await start_proxy(servers, f"{sim.base}/v1", env=limit)
         url = f"ws://{proxy.host}:{proxy.port}/v1/responses"
         items = history(conv_bytes)
         frame = orjson.dumps(
