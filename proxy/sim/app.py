@@ -36,6 +36,7 @@ from aiohttp.typedefs import Handler
 from proxy.core import wire
 from proxy.sim.chat import chat_completions
 from proxy.sim.events import response_events
+from proxy.sim.http import error, read_request
 from proxy.sim.model import count_tokens, plan, tokenize
 
 
@@ -68,13 +69,6 @@ class SimState:
 SIM_STATE = web.AppKey("sim_state", SimState)
 
 
-def _error(status: int, message: str, code: str | None, param: str | None = None) -> web.Response:
-    body = {
-        "error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}
-    }
-    return web.Response(status=status, body=wire.dumps(body), content_type="application/json")
-
-
 _DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
 # With tokens_per_second = 0 the stream is written as fast as possible: events are joined into
 # writes of about this size, as a fast server's socket buffer would carry them.
@@ -89,31 +83,25 @@ def _sse(ev: dict[str, Any]) -> bytes:
 async def _responses(request: web.Request) -> web.StreamResponse:
     state = request.app[SIM_STATE]
     cfg = state.settings
-    raw = await request.read()
-    state.bytes_received += len(raw)
-    try:
-        body = wire.loads(raw)
-    except wire.JSONDecodeError:
-        return _error(400, "We could not parse the JSON body of your request.", "invalid_json")
-    if not isinstance(body, dict):
-        return _error(400, "The body must be a JSON object.", "invalid_json")
-    state.requests.append({"body": body, "headers": dict(request.headers)})
+    body = await read_request(request, state)
+    if isinstance(body, web.Response):
+        return body
     if body.get("previous_response_id"):
         rid = body["previous_response_id"]
-        return _error(
+        return error(
             400,
             f"Previous response with id '{rid}' not found.",
             "previous_response_not_found",
             "previous_response_id",
         )
     if not isinstance(body.get("model"), str):
-        return _error(
+        return error(
             400, "Missing required parameter: 'model'.", "missing_required_parameter", "model"
         )
     if cfg.context_window:
         needed = count_tokens(body)
         if needed > cfg.context_window:
-            return _error(
+            return error(
                 400,
                 f"This model's maximum context length is {cfg.context_window} tokens; the "
                 f"input has {needed} tokens.",
@@ -127,7 +115,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
     kind, _, arg = fault.partition(":")
     if kind == "status":
         code = int(arg or 500)
-        return _error(code, f"simulated upstream failure {code}", "server_error")
+        return error(code, f"simulated upstream failure {code}", "server_error")
     after = int(arg) if arg.isdigit() else 3
 
     tokens = str(meta.get("sim_output_tokens") or "")  # metadata values are strings in the API
@@ -222,10 +210,10 @@ async def _tokenize(request: web.Request) -> web.Response:
     try:
         doc = wire.loads(await request.read())
     except wire.JSONDecodeError:
-        return _error(400, "We could not parse the JSON body of your request.", "invalid_json")
+        return error(400, "We could not parse the JSON body of your request.", "invalid_json")
     content = doc.get("content") if isinstance(doc, dict) else None
     if not isinstance(content, str):
-        return _error(400, "Missing required parameter: 'content'.", "missing_required_parameter")
+        return error(400, "Missing required parameter: 'content'.", "missing_required_parameter")
     state.tokenize_calls += 1
     return web.json_response({"tokens": tokenize(content)})
 

@@ -29,6 +29,7 @@ from aiohttp import web
 
 from proxy.core import wire
 from proxy.core.ids import new_id
+from proxy.sim.http import error, read_request
 from proxy.sim.model import Plan, ToolCall, plan
 
 if TYPE_CHECKING:
@@ -183,11 +184,6 @@ def completion(body: dict[str, Any], p: Plan) -> dict[str, Any]:
     }
 
 
-def _error(status: int, message: str, code: str) -> web.Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
-    return web.Response(status=status, body=wire.dumps(body), content_type="application/json")
-
-
 async def _fault(
     kind: str, request: web.Request, resp: web.StreamResponse, data: bytes
 ) -> web.StreamResponse:
@@ -206,22 +202,16 @@ async def _fault(
 
 async def chat_completions(request: web.Request, state: SimState) -> web.StreamResponse:
     cfg = state.settings
-    raw = await request.read()
-    state.bytes_received += len(raw)
-    try:
-        body = wire.loads(raw)
-    except wire.JSONDecodeError:
-        return _error(400, "We could not parse the JSON body of your request.", "invalid_json")
-    if not isinstance(body, dict):
-        return _error(400, "The body must be a JSON object.", "invalid_json")
-    state.requests.append({"body": body, "headers": dict(request.headers)})
+    body = await read_request(request, state)
+    if isinstance(body, web.Response):
+        return body
     if not isinstance(body.get("model"), str) or not isinstance(body.get("messages"), list):
-        return _error(400, "'model' and 'messages' are required.", "missing_required_parameter")
+        return error(400, "'model' and 'messages' are required.", "missing_required_parameter")
     fault = state.faults.popleft() if state.faults else ""
     kind, _, arg = fault.partition(":")
     if kind == "status":
         code = int(arg or 500)
-        return _error(code, f"simulated upstream failure {code}", "server_error")
+        return error(code, f"simulated upstream failure {code}", "server_error")
     directives = {kind: arg} if kind else {}
     after = int(arg) if arg.isdigit() else 3
     p = plan(

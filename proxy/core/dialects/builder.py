@@ -333,3 +333,21 @@ class OutputBuilder:
         if item.namespace is not None:
             shape["namespace"] = item.namespace
         return shape
+
+
+class BuiltStream:
+    """The StreamTranslator members of a stream written by an `OutputBuilder` (the Chat
+    translation and the Responses repair): numbering and items come from the builder."""
+
+    _builder: OutputBuilder | None = None
+
+    @property
+    def last_seq(self) -> int:
+        return self._builder.seq - 1 if self._builder is not None else -1
+
+    @property
+    def open_items(self) -> int:
+        return self._builder.open_count if self._builder is not None else 0
+
+    def finished_items(self) -> list[Any]:
+        return self._builder.output() if self._builder is not None else []

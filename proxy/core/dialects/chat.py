@@ -33,7 +33,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from proxy.core import wire
-from proxy.core.dialects.builder import OutputBuilder
+from proxy.core.dialects.builder import BuiltStream, OutputBuilder
 from proxy.core.dialects.chat_request import (
     NAMESPACE_SEP,
     ChatOptions,
@@ -105,7 +105,7 @@ class _Call:
         self.opened = False
 
 
-class ChatStream:
+class ChatStream(BuiltStream):
     def __init__(
         self,
         request: dict[str, Any],
@@ -129,17 +129,6 @@ class ChatStream:
         self._last_call: Hashable | None = None
         self._finish: str | None = None  # the finish_reason, once seen
         self._usage: dict[str, Any] | None = None
-
-    @property
-    def last_seq(self) -> int:
-        return self._builder.seq - 1 if self._builder is not None else -1
-
-    @property
-    def open_items(self) -> int:
-        return self._builder.open_count if self._builder is not None else 0
-
-    def finished_items(self) -> list[Any]:
-        return self._builder.output() if self._builder is not None else []
 
     # ------------------------------------------------------------ StreamTranslator
 

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from proxy.core.dialects.builder import OutputBuilder
+from proxy.core.dialects.builder import BuiltStream, OutputBuilder
 from proxy.core.errors import UpstreamError
 from proxy.core.events import TERMINAL_TYPES, response_object
 
@@ -96,7 +96,7 @@ def _item_texts(item: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-class ResponsesRepair:
+class ResponsesRepair(BuiltStream):
     def __init__(
         self,
         request: dict[str, Any],
@@ -114,17 +114,6 @@ class ResponsesRepair:
         self.response: dict[str, Any] | None = None
         self.outcome: str | None = None
         self.output: list[Any] = []
-
-    @property
-    def last_seq(self) -> int:
-        return self._builder.seq - 1 if self._builder is not None else -1
-
-    @property
-    def open_items(self) -> int:
-        return self._builder.open_count if self._builder is not None else 0
-
-    def finished_items(self) -> list[Any]:
-        return self._builder.output() if self._builder is not None else []
 
     def feed_event(self, ev: dict[str, Any]) -> list[bytes]:
         kind = ev.get("type")

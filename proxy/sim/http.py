@@ -1,0 +1,33 @@
+"""What both simulated endpoints share: the OpenAI-shaped error and reading a JSON body."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from proxy.core import wire
+
+if TYPE_CHECKING:
+    from proxy.sim.app import SimState
+
+
+def error(status: int, message: str, code: str | None, param: str | None = None) -> web.Response:
+    body = {
+        "error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}
+    }
+    return web.Response(status=status, body=wire.dumps(body), content_type="application/json")
+
+
+async def read_request(request: web.Request, state: SimState) -> dict[str, Any] | web.Response:
+    """The request's JSON object (recorded for the tests), or the 400 a real server gives."""
+    raw = await request.read()
+    state.bytes_received += len(raw)
+    try:
+        body = wire.loads(raw)
+    except wire.JSONDecodeError:
+        return error(400, "We could not parse the JSON body of your request.", "invalid_json")
+    if not isinstance(body, dict):
+        return error(400, "The body must be a JSON object.", "invalid_json")
+    state.requests.append({"body": body, "headers": dict(request.headers)})
+    return body
