@@ -1,35 +1,45 @@
-"""One WebSocket connection's protocol state: lanes, FIFO, warmups, caching, failures.
+"""One connection's protocol state: lanes, FIFO, warmups, caching, steering, failures.
 
 Theory of operation
 -------------------
-The adapter feeds happenings in (`client_message`, `upstream_event`, `upstream_failed`,
-`upstream_eof`, `client_gone`) and executes the actions that come back (`Send`,
-`StartUpstream`, `CancelUpstream`, `Close`). Nothing here waits or touches a socket.
+The adapter feeds happenings in (`client_message`, `create`, `upstream_event`,
+`upstream_failed`, `upstream_eof`, `summary_done`/`summary_failed`, `lifetime_over`,
+`client_gone`) and executes the actions that come back (`Send`, `StartUpstream`,
+`Summarise`, `CountTokens`, `CancelUpstream`, `Close`, `Finished`). Nothing here waits or
+touches a socket. The HTTP front runs one create through a session of its own.
 
 A `response.create` is validated on arrival (PROTOCOL 2.1) and becomes a `Run` queued on its
 lane. Lanes are FIFO and never overlap; different lanes run concurrently up to
 `max_active` runs per connection, further creates wait (4.3). A run starts when it reaches
-the head of its lane and a slot is free; only then is `previous_response_id` resolved,
-because the parent may be the response that ran just before it. A parent that a queued run
-refers to is pinned in the cache until the run starts (4.4).
+the head of its lane and a slot is free; only then is `previous_response_id` resolved
+(connection cache first, then the store), because the parent may be the response that ran
+just before it. A parent that a queued run refers to is pinned in the cache until the run
+starts (4.4).
 
-Run states (transitions only in `_start`, `_on_started`, `_finish`):
+Run states (transitions in `_start`, `summary_done`, `upstream_event`, `_finish_stream`,
+`_fail`, `_interrupt`, `_cancel_run` and `_end`):
 
     QUEUED --start--> UPSTREAM --first event--> STREAMING --terminal--> DONE
-       |    |            |  (native fallback:                 |
-       |    |            |   back to UPSTREAM once)           |
-       |    +--> COMPACTING --summary_done--> UPSTREAM        |
-       +--warmup / not found / cancelled -------------------------------> DONE
+       |    |            |  (native fallback or auto's   |  (a steer at an item
+       |    |            |   switch to Chat: again once)  |   boundary, a cancel)
+       |    +--> COMPACTING --summary_done--> UPSTREAM    +-------------------> DONE
+       +--warmup / not found / rejected -----------------------------------> DONE
 
 With a `ContextManager` (proxy/core/context.py) a run's upstream input is prepared at start:
 compaction items expanded, the window fitted, and, when `context_management` asks for it,
 the conversation compacted first: the run waits in COMPACTING while the adapter runs the
-`Summarise` action, and its stream then begins with the compaction item.
+`Summarise` actions (one per chunk of the older part), and its stream then begins with the
+compaction item.
+
+Steering (proxy/core/steering.py) stops a STREAMING run at its next item boundary and queues
+the successor at the head of the lane; events the proxy inserts into a stream shift the
+upstream's sequence numbers (`seq_offset`). After `lifetime_over` nothing new starts, and
+the connection closes once no run is in flight.
 
 On a terminal `completed` or `incomplete` the run's whole item list (parent items, new input,
 output) is cached under the response id. On any failure of a continuation the parent is
 evicted when it belongs to the same lane, and kept for a cross-lane fork (4.2). Errors the
-client caused never change the cache.
+client caused, and cancels, never change the cache.
 """
 
 from __future__ import annotations
