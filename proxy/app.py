@@ -8,6 +8,7 @@ configured, the built-in simulated model is started on a free loopback port and 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 
@@ -49,6 +50,7 @@ async def _healthz(request: web.Request) -> web.Response:
             "upstream": state.upstream_url,
             "simulated_upstream": state.simulated,
             "dialect": state.policy.dialect.name,
+            "pid": os.getpid(),  # which worker answered (server.workers)
         },
         status=503 if draining else 200,
     )

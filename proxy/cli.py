@@ -87,10 +87,9 @@ def serve(
     """Serve WebSocket mode on /v1/responses in front of a stateless upstream.
 
     On SIGTERM it drains: see server.drain_grace_seconds."""
-    import asyncio
 
     from proxy.logs import configure
-    from proxy.serve import serve as run_server
+    from proxy.serve import run as run_server
 
     settings = _settings(
         config,
@@ -111,7 +110,7 @@ def serve(
         f"{settings.server.port}/v1)",
         err=True,
     )
-    asyncio.run(run_server(settings))
+    sys.exit(run_server(settings))
 
 
 def _check_runtime(settings: Settings) -> None:

@@ -46,6 +46,8 @@ class ServerSettings:
     send_timeout: float = 30.0  # a response blocked this long on a full buffer is cancelled
     drain_grace_seconds: float = 30.0  # on SIGTERM, how long in-flight responses may finish
     metrics: bool = True  # serve Prometheus metrics on /metrics
+    workers: int = 1  # processes sharing the port (SO_REUSEPORT); state and limits per worker
+    reuse_port: bool = False  # let several processes listen on the port (workers set it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,6 +305,8 @@ def _validate(s: Settings) -> None:
         raise ConfigError("usage.webhook_url must start with http:// or https://")
     if s.usage.queue_size < 1 or s.usage.batch_size < 1:
         raise ConfigError("usage.queue_size and usage.batch_size must be at least 1")
+    if s.server.workers < 1:
+        raise ConfigError("server.workers must be at least 1")
     if s.server.outbound_buffer_bytes < 1024:
         raise ConfigError("server.outbound_buffer_bytes must be at least 1024")
     for section in (s.server, s.upstream, s.cache, s.store, s.limits, s.usage, s.sidecar):

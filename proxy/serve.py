@@ -10,8 +10,13 @@ Then the listener closes and the process exits 0. A second signal cuts the grace
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import multiprocessing
 import signal
+import time
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
 
 from aiohttp import web
 
@@ -30,7 +35,12 @@ async def serve(settings: Settings) -> None:
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=_CLOSE_MARGIN)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, settings.server.host, settings.server.port)
+        site = web.TCPSite(
+            runner,
+            settings.server.host,
+            settings.server.port,
+            reuse_port=settings.server.reuse_port or None,
+        )
         await site.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -57,3 +67,65 @@ async def serve(settings: Settings) -> None:
         log.info("drained; stopping")
     finally:
         await runner.cleanup()
+
+
+def run(settings: Settings) -> int:
+    """Serve in this process, or supervise `server.workers` processes sharing the port."""
+    if settings.server.workers <= 1:
+        asyncio.run(serve(settings))
+        return 0
+    return supervise(settings)
+
+
+def _worker(settings: Settings) -> None:
+    from proxy.logs import configure
+
+    configure(settings.server.log_level, settings.server.log_format)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor forwards SIGTERM instead
+    asyncio.run(serve(settings))
+
+
+def supervise(settings: Settings) -> int:
+    """Start the workers, each listening with SO_REUSEPORT; restart one that dies (at most
+    once a second); on SIGTERM or SIGINT pass SIGTERM on, so each drains, and wait for all.
+    Exit 0 when every worker exited 0 after the signal."""
+    count = settings.server.workers
+    child = dataclasses.replace(
+        settings, server=dataclasses.replace(settings.server, workers=1, reuse_port=True)
+    )
+    spawn = multiprocessing.get_context("spawn")
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    def start() -> BaseProcess:
+        proc = spawn.Process(target=_worker, args=(child,), name="wsmode-worker", daemon=False)
+        proc.start()
+        return proc
+
+    workers = [start() for _ in range(count)]
+    log.info("supervising %d workers: %s", count, ", ".join(str(w.pid) for w in workers))
+    last_restart = 0.0
+    while not stopping:
+        wait([w.sentinel for w in workers], timeout=0.5)
+        for i, w in enumerate(workers):
+            if w.is_alive() or stopping:
+                continue
+            log.error("worker %s exited with %s; starting another", w.pid, w.exitcode)
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - last_restart)))
+            last_restart = time.monotonic()
+            workers[i] = start()
+    for w in workers:
+        if w.is_alive() and w.pid is not None:
+            w.terminate()  # SIGTERM: the worker drains
+    codes = []
+    for w in workers:
+        w.join()
+        codes.append(w.exitcode)
+    log.info("workers exited: %s", codes)
+    return 0 if all(c == 0 for c in codes) else 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import aiohttp
@@ -14,6 +15,7 @@ async def test_healthz(proxy: Proxy, sim: Sim) -> None:
     async with aiohttp.ClientSession() as http, http.get(f"{proxy.served.base}/healthz") as r:
         assert r.status == 200
         doc = await r.json()
+    assert doc.pop("pid") == os.getpid()  # the app runs in this test's process
     assert doc == {
         "status": "ok",
         "upstream": sim.url,
