@@ -36,7 +36,7 @@ from aiohttp.typedefs import Handler
 from proxy.core import wire
 from proxy.sim.chat import chat_completions
 from proxy.sim.events import response_events
-from proxy.sim.http import error, read_request
+from proxy.sim.http import error, inject_fault, read_request
 from proxy.sim.model import count_tokens, plan, tokenize
 
 
@@ -149,7 +149,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
             if kind and i == after:
                 if pending:
                     await resp.write(b"".join(pending))
-                return await _inject(kind, request, resp, ev)
+                return await inject_fault(kind, request, resp, _sse(ev), _error_event(ev))
             if ev["type"] in _DELTAS:
                 due = t0 + cfg.ttft_ms / 1000 + (token / cfg.tokens_per_second if paced else 0)
                 token += 1
@@ -181,28 +181,16 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         state.active -= 1
 
 
-async def _inject(
-    kind: str, request: web.Request, resp: web.StreamResponse, ev: dict[str, Any]
-) -> web.StreamResponse:
-    if kind == "cut":
-        data = _sse(ev)
-        await resp.write(data[: len(data) // 2])
-        assert request.transport is not None
-        request.transport.abort()
-        raise ConnectionResetError("simulated cut")
-    if kind == "stall":
-        await asyncio.Event().wait()  # until the client goes away and the handler is cancelled
-    if kind == "error":
-        err = {
-            "type": "error",
-            "code": "server_error",
-            "message": "simulated mid-stream error",
-            "param": None,
-            "sequence_number": ev["sequence_number"],
-        }
-        await resp.write(_sse(err))
-    # "eof": end the stream with no terminal event
-    return resp
+def _error_event(ev: dict[str, Any]) -> bytes:
+    """The HTTP SSE `error` event (code and message at the top level) at `ev`'s place."""
+    err = {
+        "type": "error",
+        "code": "server_error",
+        "message": "simulated mid-stream error",
+        "param": None,
+        "sequence_number": ev["sequence_number"],
+    }
+    return _sse(err)
 
 
 async def _tokenize(request: web.Request) -> web.Response:

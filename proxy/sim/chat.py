@@ -29,7 +29,7 @@ from aiohttp import web
 
 from proxy.core import wire
 from proxy.core.ids import new_id
-from proxy.sim.http import error, read_request
+from proxy.sim.http import error, inject_fault, read_request
 from proxy.sim.model import Plan, ToolCall, plan
 
 if TYPE_CHECKING:
@@ -184,20 +184,11 @@ def completion(body: dict[str, Any], p: Plan) -> dict[str, Any]:
     }
 
 
-async def _fault(
-    kind: str, request: web.Request, resp: web.StreamResponse, data: bytes
-) -> web.StreamResponse:
-    if kind == "cut":
-        await resp.write(data[: len(data) // 2])
-        assert request.transport is not None
-        request.transport.abort()
-        raise ConnectionResetError("simulated cut")
-    if kind == "stall":
-        await asyncio.Event().wait()  # until the client goes away and the handler is cancelled
-    if kind == "error":
-        err = {"error": {"message": "simulated mid-stream error", "type": "server_error"}}
-        await resp.write(b"data: " + wire.dumps(err) + b"\n\n")
-    return resp  # "eof": the body ends here
+_ERROR_CHUNK = (
+    b"data: "
+    + wire.dumps({"error": {"message": "simulated mid-stream error", "type": "server_error"}})
+    + b"\n\n"
+)
 
 
 async def chat_completions(request: web.Request, state: SimState) -> web.StreamResponse:
@@ -234,7 +225,7 @@ async def chat_completions(request: web.Request, state: SimState) -> web.StreamR
         token = 0
         for i, (data, is_token) in enumerate(chunks(body, p, directives)):
             if kind in ("cut", "stall", "error", "eof") and i == after:
-                return await _fault(kind, request, resp, data)
+                return await inject_fault(kind, request, resp, data, _ERROR_CHUNK)
             if is_token:
                 due = t0 + cfg.ttft_ms / 1000
                 due += token / cfg.tokens_per_second if cfg.tokens_per_second else 0

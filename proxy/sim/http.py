@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -31,3 +32,21 @@ async def read_request(request: web.Request, state: SimState) -> dict[str, Any] 
         return error(400, "The body must be a JSON object.", "invalid_json")
     state.requests.append({"body": body, "headers": dict(request.headers)})
     return body
+
+
+async def inject_fault(
+    kind: str, request: web.Request, resp: web.StreamResponse, pending: bytes, error_event: bytes
+) -> web.StreamResponse:
+    """A mid-stream fault, in place of the `pending` SSE bytes: `cut` (half of them, then the
+    connection drops), `stall` (silence until the client leaves), `error` (`error_event`,
+    the endpoint's own SSE error), or `eof` (the body ends here)."""
+    if kind == "cut":
+        await resp.write(pending[: len(pending) // 2])
+        assert request.transport is not None
+        request.transport.abort()
+        raise ConnectionResetError("simulated cut")
+    if kind == "stall":
+        await asyncio.Event().wait()  # until the client goes away and the handler is cancelled
+    if kind == "error":
+        await resp.write(error_event)
+    return resp
