@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 from aiohttp import web
@@ -19,6 +20,7 @@ from websockets.asyncio.client import ClientConnection
 
 from proxy.app import create_app
 from proxy.config import Settings, load_settings
+from proxy.core.sse import SSEDecoder
 from proxy.sidecar.app import SIDECAR, SidecarState, create_sidecar_app
 from proxy.sim.app import SIM_STATE, SimSettings, SimState, create_sim_app
 from proxy.state import APP_STATE, AppState
@@ -182,3 +184,30 @@ async def sidecar_factory() -> AsyncIterator[Callable[..., Awaitable[Sidecar]]]:
     yield make
     for s in reversed(started):
         await s.runner.cleanup()
+
+
+async def sdk_terminal(conn: Any, timeout: float = 10) -> Any:
+    """The next terminal event (or error) from an openai SDK `responses.connect()` connection."""
+
+    async def loop() -> Any:
+        async for ev in conn:
+            if ev.type in TERMINAL:
+                return ev
+        raise AssertionError("connection ended before a terminal event")
+
+    return await asyncio.wait_for(loop(), seconds(timeout))
+
+
+async def post_responses(
+    proxy: Proxy, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    """POST /v1/responses over plain HTTP: (status, SSE events) for a stream, else (status,
+    the JSON body)."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{proxy.http}/responses", json=body, headers=headers) as r,
+    ):
+        raw = await r.read()
+        if r.headers.get("Content-Type", "").startswith("text/event-stream"):
+            return r.status, SSEDecoder(1 << 24).feed(raw)
+        return r.status, orjson.loads(raw)

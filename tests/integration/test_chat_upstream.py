@@ -21,7 +21,9 @@ from tests.conftest import (
     Proxy,
     Sim,
     create,
+    post_responses,
     recv,
+    sdk_terminal,
     seconds,
     send,
     serve,
@@ -45,16 +47,6 @@ ProxyFactory = Callable[..., Awaitable[Proxy]]
 @pytest.fixture
 async def chat_proxy(sim: Sim, proxy_factory: ProxyFactory) -> Proxy:
     return await proxy_factory(sim.url, upstream__api="chat")
-
-
-async def _final(conn: Any) -> Any:
-    async def loop() -> Any:
-        async for ev in conn:
-            if ev.type in TERMINAL:
-                return ev
-        raise AssertionError("connection ended before a terminal event")
-
-    return await asyncio.wait_for(loop(), seconds(10))
 
 
 def _types(events: list[dict[str, Any]]) -> list[str]:
@@ -94,7 +86,7 @@ async def test_sdk_warmup_then_chained_turn(chat_proxy: Proxy, sim: Sim) -> None
     client = AsyncOpenAI(base_url=chat_proxy.http, api_key="sk-test")
     async with client.responses.connect() as conn:
         await conn.response.create(model="sim", input="Say hi", generate=False, store=False)
-        warm = await _final(conn)
+        warm = await sdk_terminal(conn)
         assert warm.type == "response.completed" and warm.response.output == []
         await conn.response.create(
             model="sim",
@@ -103,7 +95,7 @@ async def test_sdk_warmup_then_chained_turn(chat_proxy: Proxy, sim: Sim) -> None
             store=False,
             instructions="Be brief.",
         )
-        done = await _final(conn)
+        done = await sdk_terminal(conn)
     assert done.type == "response.completed"
     assert done.response.output_text and done.response.previous_response_id == warm.response.id
     assert sim.bodies()[0]["messages"] == [
@@ -133,7 +125,7 @@ async def test_sdk_twenty_turn_tool_loop_store_false(chat_proxy: Proxy, sim: Sim
             if previous:
                 params["previous_response_id"] = previous
             await conn.response.create(**params)
-            done = await _final(conn)
+            done = await sdk_terminal(conn)
             assert done.type == "response.completed", done
             sent = sim.bodies()[turn]
             assert sent["messages"] == messages, f"turn {turn}: upstream history is wrong"
@@ -345,16 +337,7 @@ async def test_stall_hits_read_timeout(sim: Sim, proxy_factory: ProxyFactory) ->
 
 
 async def _post(px: Proxy, body: dict[str, Any]) -> tuple[int, Any]:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.post(f"{px.http}/responses", json=body, headers={"Authorization": "Bearer k"}) as r,
-    ):
-        raw = await r.read()
-        if r.headers.get("Content-Type", "").startswith("text/event-stream"):
-            from proxy.core.sse import SSEDecoder
-
-            return r.status, SSEDecoder(1 << 24).feed(raw)
-        return r.status, orjson.loads(raw)
+    return await post_responses(px, body, {"Authorization": "Bearer k"})
 
 
 async def test_http_streaming_and_not(chat_proxy: Proxy, sim: Sim) -> None:

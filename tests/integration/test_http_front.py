@@ -9,8 +9,7 @@ import orjson
 from openai import AsyncOpenAI
 from websockets.asyncio.client import connect
 
-from proxy.core.sse import SSEDecoder
-from tests.conftest import Proxy, Sim, create, recv, send, until_terminal, user
+from tests.conftest import Proxy, Sim, create, post_responses, recv, send, until_terminal, user
 
 KEY_A = {"Authorization": "Bearer sk-a"}
 KEY_B = {"Authorization": "Bearer sk-b"}
@@ -19,14 +18,7 @@ KEY_B = {"Authorization": "Bearer sk-b"}
 async def post(
     proxy: Proxy, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> tuple[int, Any]:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.post(f"{proxy.http}/responses", json=body, headers=headers or KEY_A) as r,
-    ):
-        raw = await r.read()
-        if r.headers.get("Content-Type", "").startswith("text/event-stream"):
-            return r.status, SSEDecoder(1 << 24).feed(raw)
-        return r.status, orjson.loads(raw)
+    return await post_responses(proxy, body, headers or KEY_A)
 
 
 async def test_streaming_sse_has_event_lines(proxy: Proxy, sim: Sim) -> None:

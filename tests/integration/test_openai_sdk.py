@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 from openai import AsyncOpenAI, OpenAI
 
-from tests.conftest import Proxy, Sim, seconds, user
+from tests.conftest import Proxy, Sim, sdk_terminal, seconds, user
 
 TOOLS = [
     {
@@ -21,26 +21,16 @@ TOOLS = [
 TERMINAL = ("response.completed", "response.failed", "response.incomplete", "error")
 
 
-async def _final(conn: Any) -> Any:
-    async def loop() -> Any:
-        async for ev in conn:
-            if ev.type in TERMINAL:
-                return ev
-        raise AssertionError("connection ended before a terminal event")
-
-    return await asyncio.wait_for(loop(), seconds(10))
-
-
 async def test_sdk_warmup_then_chained_turn(proxy: Proxy, sim: Sim) -> None:
     client = AsyncOpenAI(base_url=proxy.http, api_key="sk-test")
     async with client.responses.connect() as conn:
         await conn.response.create(model="sim", input="Say hi", generate=False, store=False)
-        warm = await _final(conn)
+        warm = await sdk_terminal(conn)
         assert warm.type == "response.completed" and warm.response.output == []
         await conn.response.create(
             model="sim", input="more", previous_response_id=warm.response.id, store=False
         )
-        done = await _final(conn)
+        done = await sdk_terminal(conn)
     assert done.type == "response.completed"
     assert done.response.output_text  # the SDK helper reads completed.output
     assert done.response.previous_response_id == warm.response.id
@@ -66,7 +56,7 @@ async def test_sdk_twenty_turn_tool_loop_store_false(proxy: Proxy, sim: Sim) -> 
             if previous:
                 params["previous_response_id"] = previous
             await conn.response.create(**params)
-            done = await _final(conn)
+            done = await sdk_terminal(conn)
             assert done.type == "response.completed", done
             sent = sim.bodies()[turn]
             assert sent["input"] == history, f"turn {turn}: upstream history is wrong"
