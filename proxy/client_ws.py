@@ -278,7 +278,12 @@ class ClientConnection:
             return
         if log.isEnabledFor(logging.DEBUG):
             for frame in frames:
-                log.debug("connection %s sends %s (%d bytes)", self.id, _kind(frame), len(frame))
+                log.debug(
+                    "connection %s sends %s (%d bytes)",
+                    self.id,
+                    wire.event_type(frame) or "?",
+                    len(frame),
+                )
         size = sum(len(frame) for frame in frames)
         try:
             transport = self.request.transport
@@ -363,15 +368,6 @@ def _is_create(data: str) -> bool:
     except wire.JSONDecodeError:
         return False
     return isinstance(msg, dict) and msg.get("type") == "response.create"
-
-
-def _kind(frame: bytes) -> str:
-    try:
-        ev = wire.loads(frame)
-    except wire.JSONDecodeError:
-        return "?"
-    kind = ev.get("type") if isinstance(ev, dict) else None
-    return kind if isinstance(kind, str) else "?"
 
 
 def _text_header(n: int) -> bytes:

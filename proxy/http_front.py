@@ -38,19 +38,6 @@ from proxy.upstream_http import FORWARDED_HEADERS
 
 log = logging.getLogger("wsmode.http")
 
-_TYPE_PREFIX = b'{"type":"'
-
-
-def event_type(frame: bytes) -> str:
-    """An event's `type`, read without a parse when it comes first (it always does in
-    events the proxy or a well-behaved upstream writes)."""
-    if frame.startswith(_TYPE_PREFIX):
-        end = frame.find(b'"', len(_TYPE_PREFIX))
-        if end > 0 and b"\\" not in frame[len(_TYPE_PREFIX) : end]:
-            return frame[len(_TYPE_PREFIX) : end].decode()
-    kind = wire.loads(frame).get("type")
-    return kind if isinstance(kind, str) else "message"
-
 
 def error_response(err: ProxyError) -> web.Response:
     return web.Response(
@@ -159,7 +146,7 @@ class HttpExchange:
                 frames = []
 
     async def _frame(self, frame: bytes) -> None:
-        kind = event_type(frame)
+        kind = wire.event_type(frame) or "message"
         if kind == "error":
             ev = wire.loads(frame)
             self.error = self.error or ev

@@ -52,3 +52,22 @@ def canonical(obj: Any) -> bytes:
     Two values that parse to equal JSON objects get equal bytes, whatever key order or
     whitespace each writer used."""
     return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+
+
+_TYPE_PREFIX = b'{"type":"'
+
+
+def event_type(data: bytes) -> str | None:
+    """The `type` of a serialised event, read without parsing when it comes first (as the
+    proxy and every known server write it); parsed otherwise. None if it is not a typed
+    JSON object."""
+    if data.startswith(_TYPE_PREFIX):
+        end = data.find(b'"', len(_TYPE_PREFIX))
+        if end > 0 and b"\\" not in data[len(_TYPE_PREFIX) : end]:
+            return data[len(_TYPE_PREFIX) : end].decode("utf-8", "replace")
+    try:
+        ev = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    kind = ev.get("type") if isinstance(ev, dict) else None
+    return kind if isinstance(kind, str) else None

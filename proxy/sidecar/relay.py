@@ -43,7 +43,6 @@ from proxy.core.events import TERMINAL_TYPES
 _LIFECYCLE = frozenset(
     {"response.created", "response.queued", "response.in_progress", *TERMINAL_TYPES}
 )
-_TYPE_PREFIX = b'{"type":"'
 # Response headers an upstream error may name that must not be copied onto ours.
 _NOT_COPIED = frozenset(
     {"content-length", "content-type", "content-encoding", "transfer-encoding", "connection"}
@@ -86,21 +85,6 @@ class Done:
 
 
 Action = Write | Reply | Retry | Done
-
-
-def event_type(data: bytes) -> str | None:
-    """The `type` of a serialised event, read without parsing when it comes first (as every
-    known server writes it); parsed otherwise. None if the frame is not a typed JSON object."""
-    if data.startswith(_TYPE_PREFIX):
-        end = data.find(b'"', len(_TYPE_PREFIX))
-        if end > 0 and b"\\" not in data[len(_TYPE_PREFIX) : end]:
-            return data[len(_TYPE_PREFIX) : end].decode("utf-8", "replace")
-    try:
-        ev = wire.loads(data)
-    except wire.JSONDecodeError:
-        return None
-    kind = ev.get("type") if isinstance(ev, dict) else None
-    return kind if isinstance(kind, str) else None
 
 
 def sse(kind: str, data: bytes) -> bytes:
@@ -195,7 +179,7 @@ class Relay:
         if self.outcome is not None:
             return []
         data = data.strip()
-        kind = event_type(data)
+        kind = wire.event_type(data)
         if kind is None:
             return self.invalid("the upstream sent a frame that is not a typed JSON object")
         if b"\n" in data or b"\r" in data:  # pretty-printed JSON cannot be one SSE data line

@@ -8,7 +8,8 @@ import orjson
 import pytest
 
 from proxy.core.sse import SSEDecoder
-from proxy.sidecar.relay import Done, Relay, Reply, Resend, Retry, Write, event_type, http_error
+from proxy.core.wire import event_type
+from proxy.sidecar.relay import Done, Relay, Reply, Resend, Retry, Write, http_error
 
 ITEM = {"id": "fc_1", "type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
 
