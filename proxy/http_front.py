@@ -25,7 +25,7 @@ from proxy.core import wire
 from proxy.core.context import CountTokens, Summarise
 from proxy.core.conversation import ResponseCache
 from proxy.core.errors import ClientError, ProxyError
-from proxy.core.events import TERMINAL_TYPES
+from proxy.core.events import TERMINAL_TYPES, http_error_event
 from proxy.core.ids import new_id
 from proxy.core.session import Action, Finished, Send, Session, StartUpstream
 from proxy.core.store import StoredResponse, owner_of
@@ -48,15 +48,10 @@ def error_response(err: ProxyError) -> web.Response:
 def _http_error_event(ws_error: dict[str, Any]) -> bytes:
     """The WebSocket `error` envelope, reshaped as the HTTP SSE `error` event (PROTOCOL 8.1)."""
     inner = ws_error.get("error") or {}
-    ev = {
-        "type": "error",
-        "code": inner.get("code"),
-        "message": inner.get("message"),
-        "param": inner.get("param"),
-    }
-    if "sequence_number" in ws_error:
-        ev["sequence_number"] = ws_error["sequence_number"]
-    return wire.dumps(ev)
+    seq = ws_error.get("sequence_number")
+    return wire.dumps(
+        http_error_event(inner.get("code"), inner.get("message"), inner.get("param"), seq)
+    )
 
 
 class HttpExchange:

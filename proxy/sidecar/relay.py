@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.core import wire
-from proxy.core.events import TERMINAL_TYPES
+from proxy.core.events import TERMINAL_TYPES, http_error_event
 
 _LIFECYCLE = frozenset(
     {"response.created", "response.queued", "response.in_progress", *TERMINAL_TYPES}
@@ -292,24 +292,17 @@ class Relay:
             # an error that ended a response half-way may leave frames behind: new socket
             return [http_error(ev), self._done("error", not self.seen)]
         seq = ev.get("sequence_number")
-        sse_error = {
-            "type": "error",
-            "code": code if isinstance(code, str) else None,
-            "message": err.get("message") or "The upstream reported an error.",
-            "param": err.get("param"),
-            "sequence_number": seq if isinstance(seq, int) else self.last_seq + 1,
-        }
+        sse_error = http_error_event(
+            code if isinstance(code, str) else None,
+            err.get("message") or "The upstream reported an error.",
+            err.get("param"),
+            seq if isinstance(seq, int) else self.last_seq + 1,
+        )
         return [Write(sse("error", wire.dumps(sse_error))), self._done("error", False)]
 
     def _fail_started(self, code: str, message: str) -> list[Action]:
         """A failure after the event stream began: the HTTP variant of the SSE error event."""
-        ev = {
-            "type": "error",
-            "code": code,
-            "message": message,
-            "param": None,
-            "sequence_number": self.last_seq + 1,
-        }
+        ev = http_error_event(code, message, None, self.last_seq + 1)
         return [Write(sse("error", wire.dumps(ev))), self._done("failed", False)]
 
     def _done(self, outcome: str, keep: bool) -> Done:
