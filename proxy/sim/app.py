@@ -27,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +66,20 @@ class SimState:
     bytes_received: int = 0
     tokenize_calls: int = 0
     last_headers: dict[str, str] = field(default_factory=dict)  # of the latest request
+
+    @contextmanager
+    def streaming(self) -> Iterator[None]:
+        """Count one stream: open while inside, `cancelled` if the client left it."""
+        self.started += 1
+        self.active += 1
+        self.peak_active = max(self.peak_active, self.active)
+        try:
+            yield
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
 
 
 SIM_STATE = web.AppKey("sim_state", SimState)
@@ -136,10 +152,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
     )
     stamp = str(meta.get("sim_stamp")).lower() == "true"
     paced = cfg.tokens_per_second > 0
-    state.started += 1
-    state.active += 1
-    state.peak_active = max(state.peak_active, state.active)
-    try:
+    with state.streaming():
         await resp.prepare(request)
         t0 = time.monotonic()
         token = 0
@@ -174,11 +187,6 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         await resp.write(b"".join(pending))
         state.completed += 1
         return resp
-    except (asyncio.CancelledError, ConnectionResetError):
-        state.cancelled += 1
-        raise
-    finally:
-        state.active -= 1
 
 
 def _error_event(ev: dict[str, Any]) -> bytes:

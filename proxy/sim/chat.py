@@ -217,9 +217,7 @@ async def chat_completions(request: web.Request, state: SimState) -> web.StreamR
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
-    state.started += 1
-    state.active += 1
-    try:
+    with state.streaming():
         await resp.prepare(request)
         t0 = time.monotonic()
         token = 0
@@ -236,8 +234,3 @@ async def chat_completions(request: web.Request, state: SimState) -> web.StreamR
             await resp.write(data)
         state.completed += 1
         return resp
-    except (asyncio.CancelledError, ConnectionResetError):
-        state.cancelled += 1
-        raise
-    finally:
-        state.active -= 1
