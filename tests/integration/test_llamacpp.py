@@ -70,14 +70,16 @@ def llamacpp() -> Iterator[str]:
     }
     argv = [str(PYTHON), str(SHARED_UPSTREAMS / "xlc_serve.py")]
     argv += [str(x) for pair in flags.items() for x in pair]
-    log_path = CACHE / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    # stdout carries only the LISTENING line; llama.cpp logs to stderr. On one shared file the
+    # two interleave and the line can be split mid-way, so they go to separate files.
+    out_path, log_path = CACHE / "server.out", CACHE / "server.log"
+    with open(out_path, "wb") as out, open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=out, stderr=log)
     try:
         deadline = time.monotonic() + START_TIMEOUT
         url = None
         while url is None:
-            for line in log_path.read_text(errors="replace").splitlines():
+            for line in out_path.read_text(errors="replace").splitlines():
                 if line.startswith("LISTENING "):
                     url = line.split()[1].rstrip("/")
             if url is None:
