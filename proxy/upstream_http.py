@@ -9,6 +9,7 @@ here, at the boundary, so the core never sees an aiohttp type.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
@@ -17,6 +18,8 @@ import aiohttp
 from proxy.config import UpstreamSettings
 from proxy.core.errors import UpstreamError, upstream_http_error
 from proxy.logs import request_id_var
+
+log = logging.getLogger("wsmode.upstream")
 
 # Request headers a client may send that the upstream should see too.
 FORWARDED_HEADERS = ("authorization", "openai-organization", "openai-project", "x-request-id")
@@ -144,7 +147,7 @@ class UpstreamClient:
             if on_sent is not None:
                 on_sent()
             try:
-                resp = await self.session.post(self.base_url + path, data=body, headers=send)
+                resp = await self._post(self.base_url + path, body, send)
                 if resp.status != 200:
                     try:
                         raise upstream_http_error(resp.status, await self._error_body(resp))
@@ -161,6 +164,24 @@ class UpstreamClient:
                     resp.release()
                 else:
                     resp.close()
+
+    async def _post(
+        self, url: str, body: bytes, headers: Mapping[str, str]
+    ) -> aiohttp.ClientResponse:
+        """POST, once more if a pooled keep-alive connection turned out to be closed.
+
+        A server may close an idle keep-alive connection just as the pool hands it out
+        (llama.cpp's does after a few seconds); the request then fails before any answer
+        and is safe to send again on a new connection. Refused connections, timeouts and
+        anything after the answer began are not retried."""
+        assert self.session is not None
+        try:
+            return await self.session.post(url, data=body, headers=headers)
+        except aiohttp.ClientConnectorError:
+            raise
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            log.info("upstream connection was closed before the request (%s); resending", exc)
+            return await self.session.post(url, data=body, headers=headers)
 
     def _translate(self, exc: BaseException, started: bool) -> UpstreamError:
         if isinstance(exc, TimeoutError):

@@ -380,3 +380,48 @@ async def test_native_mode_never_chains_store_false_upstream(sim: Sim, proxy_fac
         await until_terminal(ws)
     assert len(sim.bodies()) == 2
     assert sim.bodies()[1]["input"] == [user("a"), *first["output"], user("b")]
+
+
+async def test_stale_keep_alive_connection_is_resent_once(proxy_factory: Any) -> None:
+    """An upstream that closes an idle keep-alive connection just as it is reused (the
+    request reaches a socket the server is dropping) costs the client nothing: the request
+    goes again on a new connection."""
+    from aiohttp import web
+
+    from proxy.sim.events import response_events
+    from proxy.sim.model import plan
+    from tests.conftest import serve
+
+    per_connection: dict[int, int] = {}
+    answered: list[int] = []
+
+    async def responses(request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        key = id(request.transport)
+        per_connection[key] = per_connection.get(key, 0) + 1
+        if per_connection[key] == 2:  # the second request on a connection: dropped unanswered
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        p = plan(body, seed=1, output_tokens=3, tool_calls_per_turn=0)
+        for ev in response_events(body, p):
+            await resp.write(
+                b"event: " + ev["type"].encode() + b"\ndata: " + orjson.dumps(ev) + b"\n\n"
+            )
+        answered.append(key)
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/responses", responses)
+    upstream = await serve(app)
+    try:
+        proxy = await proxy_factory(f"{upstream.base}/v1")
+        async with connect(proxy.ws) as ws:
+            for text in ("one", "two", "three"):
+                await send(ws, create(input=text, store=False))
+                assert (await until_terminal(ws))[-1]["type"] == "response.completed"
+    finally:
+        await upstream.runner.cleanup()
+    assert len(answered) == 3 and sum(per_connection.values()) >= 4  # one was resent
