@@ -7,28 +7,28 @@ configured, the built-in simulated model is started on a free loopback port and 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
-import time
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from proxy.client_ws import ClientConnection
-from proxy.compact_front import compact_response
-from proxy.config import Settings
-from proxy.context_app import build_context, tokenizer_lifecycle
-from proxy.core.conversation import CacheBudget
-from proxy.core.dialects.auto import AutoDialect
-from proxy.core.session import SessionLimits, UpstreamPolicy
-from proxy.core.store import MemoryStore
-from proxy.dialect_setup import make_dialect, probe
-from proxy.http_front import create_response, delete_response, get_response, input_items
-from proxy.ops import OPS, install
-from proxy.passthrough import passthrough
-from proxy.sim.app import create_sim_app
-from proxy.state import APP_STATE, AppState
-from proxy.upstream_http import UpstreamClient
+from .build import build_core
+from .config import Settings
+from .core.dialects.auto import AutoDialect
+from .http_front.compact import compact_response
+from .http_front.responses import create_response
+from .http_front.stored import delete_response, get_response, input_items
+from .ops.middleware import OPS, install
+from .runtime import APP_STATE, AppState
+from .sim.app import create_sim_app
+from .upstream.client import UpstreamClient
+from .upstream.passthrough import passthrough
+from .upstream.probe import probe
+from .upstream.tokenizer import TokenizeWorker, tokenize_url
+from .ws_front import ClientConnection
 
 log = logging.getLogger("wsmode")
 
@@ -58,38 +58,17 @@ async def _healthz(request: web.Request) -> web.Response:
 
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.server.max_message_bytes)
-    budget = CacheBudget(settings.cache.process_max_entries, settings.cache.process_max_bytes)
-    policy = UpstreamPolicy(
-        dialect=make_dialect(settings),
-        store=settings.upstream.store,
-        native_previous_response_id=settings.upstream.native_previous_response_id,
-    )
-    limits = SessionLimits(
-        max_active=settings.limits.max_active_per_connection,
-        max_lanes=settings.limits.max_lanes_per_connection,
-        max_queued=settings.limits.max_queued_per_connection,
-        steering=settings.limits.steering,
-        max_pending_steers=settings.limits.max_pending_steers,
-    )
+    core = build_core(settings)
     url = settings.upstream.url
-    st = settings.store
-    store = (
-        MemoryStore(st.max_entries, st.max_bytes, st.ttl_seconds, time.time) if st.enabled else None
-    )
     app[APP_STATE] = AppState(
-        settings=settings,
+        core=core,
         upstream=UpstreamClient(url, settings.upstream),
-        policy=policy,
-        session_limits=limits,
-        cache_budget=budget,
         upstream_url=url,
-        store=store,
         simulated=not url,
-        context=build_context(settings),
     )
     app.cleanup_ctx.append(_lifecycle)
-    app.cleanup_ctx.append(tokenizer_lifecycle)
-    install(app, settings, budget, app[APP_STATE].upstream.gate)  # issue 7: ops middleware
+    app.cleanup_ctx.append(_tokenizer)
+    install(app, settings, core.cache_budget, app[APP_STATE].upstream.gate)
     app.router.add_get("/healthz", _healthz)
     app.router.add_route("*", "/v1/responses", _responses)
     app.router.add_post("/v1/responses/compact", compact_response)
@@ -128,3 +107,22 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await state.upstream.close()
         if sim_runner is not None:
             await sim_runner.cleanup()
+
+
+async def _tokenizer(app: web.Application) -> AsyncIterator[None]:
+    """Runs after `_lifecycle` started the upstream client (and the simulated upstream, whose
+    URL is only known then): one background worker for exact token counts."""
+    state = app[APP_STATE]
+    t = state.settings.tokens
+    task: asyncio.Task[None] | None = None
+    if state.context is not None and t.tokenize_url:
+        url = tokenize_url(t.tokenize_url, state.upstream_url)
+        state.tokenizer = TokenizeWorker(state.upstream, state.context, url, t.max_pending_jobs)
+        task = asyncio.create_task(state.tokenizer.run(), name="wsmode-tokenizer")
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

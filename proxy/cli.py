@@ -9,8 +9,8 @@ from typing import Any
 import click
 from aiohttp import web
 
-from proxy import __version__
-from proxy.config import ConfigError, Settings, load_settings
+from . import __version__
+from .config import ConfigError, Settings, load_settings
 
 
 def _settings(config: str | None, overrides: dict[str, Any]) -> Settings:
@@ -88,8 +88,8 @@ def serve(
 
     On SIGTERM it drains: see server.drain_grace_seconds."""
 
-    from proxy.logs import configure
-    from proxy.serve import run as run_server
+    from .logs import configure
+    from .serve import run as run_server
 
     settings = _settings(
         config,
@@ -115,7 +115,7 @@ def serve(
 
 def _check_runtime(settings: Settings) -> None:
     """What load_settings cannot check alone: files the settings point at."""
-    from proxy.auth import Authenticator
+    from .ops.auth import Authenticator
 
     try:
         Authenticator.from_settings(settings.auth)
@@ -135,8 +135,8 @@ def _check_runtime(settings: Settings) -> None:
 def check_config(config: str | None, sets: tuple[str, ...]) -> None:
     """Validate the configuration (file + WSMODE_* variables) and print the effective
     settings as TOML, secrets redacted. Exits 2 on an invalid configuration."""
-    from proxy.auth import Authenticator
-    from proxy.config import redacted
+    from .config import redacted
+    from .ops.auth import Authenticator
 
     settings = _settings(config, _parse_sets(sets))
     _check_runtime(settings)
@@ -191,8 +191,8 @@ def sidecar(
     log_level: str | None,
 ) -> None:
     """Take plain HTTP on localhost; send /v1/responses to a WebSocket-mode server."""
-    from proxy.logs import configure
-    from proxy.sidecar.app import create_sidecar_app
+    from .logs import configure
+    from .sidecar.app import create_sidecar_app
 
     settings = _settings(
         config,
@@ -243,8 +243,8 @@ def sim(
     seed: int | None,
 ) -> None:
     """Run the simulated model server (stateless POST /v1/responses)."""
-    from proxy.logs import configure
-    from proxy.sim.app import create_sim_app
+    from .logs import configure
+    from .sim.app import create_sim_app
 
     settings = _settings(
         config,
@@ -307,7 +307,7 @@ def soak(
     The last line is `N passed, N failed`."""
     import asyncio
 
-    from proxy.soak import SoakConfig, run
+    from .bench.soak import SoakConfig, run
 
     cfg = SoakConfig(
         connections, turns, duration, fault_rate, upstream_kills, seed, rss_tolerance_mb
@@ -360,8 +360,8 @@ def bench(
     import asyncio
     from pathlib import Path
 
-    from proxy.bench.procs import BenchError
-    from proxy.bench.runner import PLANS, SCENARIOS, run
+    from .bench.procs import BenchError
+    from .bench.runner import PLANS, SCENARIOS, run
 
     plan = PLANS["smoke" if smoke else "quick" if quick else "full"]
     try:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy.core.sealing import decode_key
-from proxy.sim.app import SimSettings
+from .core.context.sealing import decode_key
+from .sim.settings import SimSettings
 
 MiB = 1024 * 1024
 SECRET = {"secret": True}  # field metadata: never printed by `wsmode check-config`

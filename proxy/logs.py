@@ -16,7 +16,7 @@ import sys
 import time
 from contextvars import ContextVar
 
-from proxy.core import wire
+from .core import wire
 
 request_id_var: ContextVar[str | None] = ContextVar("wsmode_request_id", default=None)
 

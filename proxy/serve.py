@@ -20,9 +20,9 @@ from multiprocessing.process import BaseProcess
 
 from aiohttp import web
 
-from proxy.app import create_app
-from proxy.config import Settings
-from proxy.ops import OPS
+from .app import create_app
+from .config import Settings
+from .ops.middleware import OPS
 
 log = logging.getLogger("wsmode")
 
@@ -78,7 +78,7 @@ def run(settings: Settings) -> int:
 
 
 def _worker(settings: Settings) -> None:
-    from proxy.logs import configure
+    from .logs import configure
 
     configure(settings.server.log_level, settings.server.log_format)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor forwards SIGTERM instead

@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
-from proxy.core.dialects import StreamTranslator
-from proxy.core.dialects.chat import ChatDialect
-from proxy.core.dialects.responses import ResponsesDialect
-from proxy.core.sse import SSEDecoder
+from wsmode.core.dialects import StreamTranslator
+from wsmode.core.dialects.chat import ChatDialect
+from wsmode.core.dialects.responses import ResponsesDialect
+from wsmode.core.sse import SSEDecoder
 
 ROOT = Path(__file__).parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "chat_streams"

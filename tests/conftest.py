@@ -17,13 +17,13 @@ import orjson
 import pytest
 from aiohttp import web
 from websockets.asyncio.client import ClientConnection
-
-from proxy.app import create_app
-from proxy.config import Settings, load_settings
-from proxy.core.sse import SSEDecoder
-from proxy.sidecar.app import SIDECAR, SidecarState, create_sidecar_app
-from proxy.sim.app import SIM_STATE, SimSettings, SimState, create_sim_app
-from proxy.state import APP_STATE, AppState
+from wsmode.app import create_app
+from wsmode.config import Settings, load_settings
+from wsmode.core.sse import SSEDecoder
+from wsmode.runtime import APP_STATE, AppState
+from wsmode.sidecar.app import SIDECAR, SidecarState, create_sidecar_app
+from wsmode.sim.app import SIM_STATE, SimState, create_sim_app
+from wsmode.sim.settings import SimSettings
 
 TIME_SCALE = float(os.environ.get("TEST_TIME_SCALE", "1"))
 TERMINAL = {"response.completed", "response.failed", "response.incomplete", "error"}

@@ -32,9 +32,9 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from proxy.bench.clients import http_turn, ws_connect, ws_turn
-from proxy.bench.link import WAN_HOST, NetemLink, ShimLink
-from proxy.bench.procs import (
+from .clients import http_turn, ws_connect, ws_turn
+from .link import WAN_HOST, NetemLink, ShimLink
+from .procs import (
     BenchError,
     Servers,
     cli_has_command,

@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.bench.procs import BenchError
-from proxy.core.sse import SSEDecoder
+from ..core.sse import SSEDecoder
+from .procs import BenchError
 
 TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
 DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from proxy.bench.procs import BenchError
+from .procs import BenchError
 
 WAN_HOST = "127.0.0.2"  # netem: the far side of the link, inside the namespace
 
@@ -140,7 +140,7 @@ class ShimLink:
 
     @classmethod
     async def start(cls, targets: Sequence[tuple[str, int]]) -> ShimLink:
-        cmd = [sys.executable, "-m", "proxy.bench.shim"]
+        cmd = [sys.executable, "-m", "wsmode.bench.shim"]
         for host, port in targets:
             cmd += ["--route", f"0:{host}:{port}"]
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)

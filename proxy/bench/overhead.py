@@ -10,7 +10,7 @@ and to the terminal event, and their differences.
 
 Part two measures "building the upstream body" alone, in this process: the real session
 code turns a `response.create` that continues a cached history into the upstream request
-body, exactly as the WebSocket endpoint does (`proxy.upstream_http.request_body`).
+body, exactly as the WebSocket endpoint does (`wsmode.upstream.client.request_body`).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.bench.clients import http_turn, ws_connect, ws_turn
-from proxy.bench.procs import Servers, sim_env, start_proxy, start_sim
-from proxy.bench.stats import median, ms, percentile
-from proxy.core.conversation import CacheBudget, ResponseCache
-from proxy.core.dialects.responses import ResponsesDialect
-from proxy.core.session import Session, StartUpstream, UpstreamPolicy
-from proxy.core.sse import SSEEvent
-from proxy.upstream_http import request_body
+from ..core.conversation import CacheBudget, ResponseCache
+from ..core.dialects.responses import ResponsesDialect
+from ..core.session import Session, StartUpstream, UpstreamPolicy
+from ..core.sse import SSEEvent
+from ..upstream.client import request_body
+from .clients import http_turn, ws_connect, ws_turn
+from .procs import Servers, sim_env, start_proxy, start_sim
+from .stats import median, ms, percentile
 
 SETTINGS: dict[str, Any] = {"model": "sim", "store": False}
 WARMUP = 5

@@ -1,6 +1,6 @@
 """The programs under test, as separate processes, and what /proc says about them.
 
-Each server is started with the same interpreter (`python -m proxy.cli ...`), waited for
+Each server is started with the same interpreter (`python -m wsmode ...`), waited for
 until its port accepts connections, and stopped with SIGTERM (then SIGKILL). CPU time is read
 from `/proc/PID/task/*/schedstat` (nanoseconds on the CPU, every thread), falling back to the
 tick counts of `/proc/PID/stat`; memory is `VmRSS` from `/proc/PID/status`.
@@ -48,20 +48,20 @@ def free_port(host: str = "127.0.0.1") -> int:
 def wsmode_command(args: Sequence[str], loop: str = "asyncio") -> list[str]:
     """The `wsmode` CLI with this interpreter; `loop="uvloop"` installs uvloop first."""
     if loop == "uvloop":
-        boot = "import sys, uvloop; uvloop.install(); from proxy.cli import main; main()"
+        boot = "import sys, uvloop; uvloop.install(); from wsmode.cli import main; main()"
         return [sys.executable, "-c", boot, *args]
-    return [sys.executable, "-m", "proxy.cli", *args]
+    return [sys.executable, "-m", "wsmode", *args]
 
 
 def cli_has_command(name: str) -> bool:
-    from proxy.cli import main
+    from ..cli import main
 
     return name in main.commands
 
 
 def cli_options(name: str) -> set[str]:
     """The long option names of a `wsmode` sub-command (empty if it does not exist)."""
-    from proxy.cli import main
+    from ..cli import main
 
     cmd = main.commands.get(name)
     if cmd is None:

@@ -28,9 +28,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.bench.clients import Turn, http_turn, ws_connect, ws_turn
-from proxy.bench.procs import BenchError, Server, Servers, sim_env, start_proxy, start_sim
-from proxy.bench.stats import percentile
+from .clients import Turn, http_turn, ws_connect, ws_turn
+from .procs import BenchError, Server, Servers, sim_env, start_proxy, start_sim
+from .stats import percentile
 
 CONNECT_CONCURRENCY = 100  # connections opened at once (the listen backlog is 128)
 

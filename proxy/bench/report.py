@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from proxy.bench.agent import AgentProfile
+from .agent import AgentProfile
 
 KIB = 1024
 

@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from proxy.bench import agent, overhead, relay, report, scale
-from proxy.bench.agent import AgentProfile, Cell
-from proxy.bench.link import NetemNamespace, probe_netem
-from proxy.bench.procs import BenchError
-from proxy.bench.relay import RelayPlan
+from . import agent, overhead, relay, report, scale
+from .agent import AgentProfile, Cell
+from .link import NetemNamespace, probe_netem
+from .procs import BenchError
+from .relay import RelayPlan
 
 SCENARIOS = ("agent-loop", "overhead", "relay", "scale")
 KIB = 1024
@@ -136,7 +136,7 @@ def _agent_in_namespace(plan: Plan, cells: list[Cell], log: Any) -> dict[str, An
     ns.create()
     try:
         params = json.dumps({"profile": asdict(plan.profile), "cells": [asdict(c) for c in cells]})
-        cmd = [*ns.exec_prefix(), sys.executable, "-m", "proxy.bench.agent", params]
+        cmd = [*ns.exec_prefix(), sys.executable, "-m", "wsmode.bench.agent", params]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None
         result: dict[str, Any] | None = None

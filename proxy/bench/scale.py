@@ -18,9 +18,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.bench.clients import ws_connect, ws_turn
-from proxy.bench.overhead import history
-from proxy.bench.procs import (
+from .clients import ws_connect, ws_turn
+from .overhead import history
+from .procs import (
     Servers,
     open_files,
     raise_nofile_limit,

@@ -8,7 +8,7 @@ request body of B bytes arrives after rtt/2 + B*8/rate, as over a real link with
 buffer. What it does not model: TCP slow start and congestion control on the slow leg, loss,
 and a rate shared between connections (each connection has its own link).
 
-Run as `python -m proxy.bench.shim --route LISTEN_PORT:HOST:PORT ...`; it prints one JSON line
+Run as `python -m wsmode.bench.shim --route LISTEN_PORT:HOST:PORT ...`; it prints one JSON line
 `{"ports": [...]}` when listening (0 picks a free port). A line `{"rtt_ms": .., "up_mbit": ..,
 "down_mbit": ..}` on stdin changes the link for every chunk read afterwards.
 

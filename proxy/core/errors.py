@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.core import wire
+from . import wire
 
 
 class ProxyError(Exception):

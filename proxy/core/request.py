@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core import wire
-from proxy.core.errors import ClientError, invalid, missing, wrong_type
+from . import wire
+from .errors import ClientError, invalid, missing, wrong_type
 
 STREAM_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 

@@ -25,7 +25,7 @@ Run states (transitions in `_start`, `summary_done`, `upstream_event`, `_finish_
        |    +--> COMPACTING --summary_done--> UPSTREAM    +-------------------> DONE
        +--warmup / not found / rejected -----------------------------------> DONE
 
-With a `ContextManager` (proxy/core/context.py) a run's upstream input is prepared at start:
+With a `ContextManager` (proxy/core/context/manager.py) a run's upstream input is prepared at start:
 compaction items expanded, the window fitted, and, when `context_management` asks for it,
 the conversation compacted first: the run waits in COMPACTING while the adapter runs the
 `Summarise` actions (one per chunk of the older part), and its stream then begins with the
@@ -52,8 +52,10 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from proxy.core import ids, wire
-from proxy.core.context import (
+from . import ids, wire
+from .api_objects import lifecycle_event, response_object, zero_usage
+from .context.managed_stream import ManagedStream
+from .context.manager import (
     ContextManager,
     CountTokens,
     Prepared,
@@ -61,20 +63,18 @@ from proxy.core.context import (
     SummaryResult,
     compaction_failed,
 )
-from proxy.core.conversation import EMPTY, CachedResponse, ResponseCache, Segment
-from proxy.core.dialects import Dialect, StreamTranslator
-from proxy.core.errors import (
+from .conversation import EMPTY, CachedResponse, ResponseCache, Segment
+from .dialects import Dialect, StreamTranslator
+from .errors import (
     ClientError,
     ProxyError,
     UpstreamError,
     invalid,
     previous_response_not_found,
 )
-from proxy.core.events import lifecycle_event, response_object, zero_usage
-from proxy.core.managed_stream import ManagedStream
-from proxy.core.request import CreateRequest, check_stream_id, parse_create
-from proxy.core.sse import SSEEvent
-from proxy.core.steering import (
+from .request import CreateRequest, check_stream_id, parse_create
+from .sse import SSEEvent
+from .steering import (
     Steer,
     SteerRejected,
     accepted_event,
@@ -83,7 +83,7 @@ from proxy.core.steering import (
     pending_event,
     required_input,
 )
-from proxy.core.store import ResponseStore, StoredResponse
+from .store import ResponseStore, StoredResponse
 
 _STREAM_ID_KEY = b'"stream_id"'
 

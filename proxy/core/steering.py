@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core import wire
+from . import wire
 
 ALLOWED_FIELDS = frozenset({"type", "previous_response_id", "input"})
 _PART_TYPES = frozenset({"input_text", "input_image", "input_file"})

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from proxy.core.conversation import CacheBudget, CachedResponse, ResponseCache
+from .conversation import CacheBudget, CachedResponse, ResponseCache
 
 
 def owner_of(authorization: str | None) -> str:

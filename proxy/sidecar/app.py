@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from proxy.config import Settings, UpstreamSettings
-from proxy.core import wire
-from proxy.passthrough import relay_http
-from proxy.sidecar.chains import ChainMemory
-from proxy.sidecar.exchange import Exchange, UseHttp
-from proxy.sidecar.pool import SocketPool
-from proxy.upstream_http import UpstreamClient
+from ..config import Settings, UpstreamSettings
+from ..core import wire
+from ..upstream.client import UpstreamClient
+from ..upstream.passthrough import relay_http
+from .chains import ChainMemory
+from .exchange import Exchange, UseHttp
+from .pool import SocketPool
 
 log = logging.getLogger("wsmode.sidecar")
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from lru import LRU
 
-from proxy.core import wire
+from ..core import wire
 
 # Fields that are not the turn's settings: the conversation itself, and how it is carried.
 NOT_SETTINGS = frozenset({"input", "previous_response_id", "stream", "stream_options"})

@@ -16,10 +16,10 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from proxy.core import wire
-from proxy.sidecar.chains import ChainMemory, Plan
-from proxy.sidecar.pool import NoSocket, SocketPool, UpstreamSocket
-from proxy.sidecar.relay import Action, Done, Relay, Reply, Resend, Retry, Write
+from ..core import wire
+from .chains import ChainMemory, Plan
+from .pool import NoSocket, SocketPool, UpstreamSocket
+from .relay import Action, Done, Relay, Reply, Resend, Retry, Write
 
 log = logging.getLogger("wsmode.sidecar")
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from proxy.config import SidecarSettings
+from ..config import SidecarSettings
 
 log = logging.getLogger("wsmode.sidecar")
 

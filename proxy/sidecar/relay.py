@@ -37,8 +37,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.core import wire
-from proxy.core.events import TERMINAL_TYPES, http_error_event
+from ..core import wire
+from ..core.api_objects import TERMINAL_TYPES, http_error_event
 
 _LIFECYCLE = frozenset(
     {"response.created", "response.queued", "response.in_progress", *TERMINAL_TYPES}

@@ -35,22 +35,12 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from proxy.core import wire
-from proxy.sim.chat import chat_completions
-from proxy.sim.events import response_events
-from proxy.sim.http import error, inject_fault, read_request
-from proxy.sim.model import count_tokens, plan, tokenize
-
-
-@dataclass(frozen=True, slots=True)
-class SimSettings:
-    ttft_ms: float = 50.0
-    tokens_per_second: float = 1000.0  # 0 streams as fast as possible
-    output_tokens: int = 60
-    seed: int = 0
-    tool_calls_per_turn: int = 1
-    output_items: int = 1  # assistant messages a text answer is split over
-    context_window: int = 0  # tokens; a larger input gets 400 context_length_exceeded
+from ..core import wire
+from .chat import chat_completions
+from .events import response_events
+from .http import error, inject_fault, read_request
+from .model import count_tokens, plan, tokenize
+from .settings import SimSettings
 
 
 @dataclass

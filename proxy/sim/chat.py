@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from proxy.core import wire
-from proxy.core.ids import new_id
-from proxy.sim.http import error, inject_fault, read_request
-from proxy.sim.model import Plan, ToolCall, plan
+from ..core import wire
+from ..core.ids import new_id
+from .http import error, inject_fault, read_request
+from .model import Plan, ToolCall, plan
 
 if TYPE_CHECKING:
-    from proxy.sim.app import SimState
+    from .app import SimState
 
 _REASONING = ["Let", " me", " think", "."]
 

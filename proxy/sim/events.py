@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
-from proxy.core.events import response_object
-from proxy.core.ids import new_id
-from proxy.sim.model import Plan
+from ..core.api_objects import response_object
+from ..core.ids import new_id
+from .model import Plan
 
 
 def response_events(body: dict[str, Any], plan: Plan) -> Iterator[dict[str, Any]]:

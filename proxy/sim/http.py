@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from proxy.core import wire
+from ..core import wire
 
 if TYPE_CHECKING:
-    from proxy.sim.app import SimState
+    from .app import SimState
 
 
 def error(status: int, message: str, code: str | None, param: str | None = None) -> web.Response:

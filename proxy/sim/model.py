@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core import wire
+from ..core import wire
 
 _WORDS = (
     "the model reads the diff and runs the tests again before it writes a short summary of "

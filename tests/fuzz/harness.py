@@ -20,13 +20,13 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from wsmode.app import create_app
+from wsmode.config import load_settings
+from wsmode.core import wire
+from wsmode.ops.middleware import OPS
+from wsmode.runtime import APP_STATE
+from wsmode.sim.app import SIM_STATE, create_sim_app
 
-from proxy.app import create_app
-from proxy.config import load_settings
-from proxy.core import wire
-from proxy.ops import OPS
-from proxy.sim.app import SIM_STATE, create_sim_app
-from proxy.state import APP_STATE
 from tests.conftest import FAST_SIM, Served, serve
 
 T = TypeVar("T")

@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
+from wsmode.core.sse import SSEDecoder
+from wsmode.sim.events import response_events
+from wsmode.sim.model import plan
 
-from proxy.core.sse import SSEDecoder
-from proxy.sim.events import response_events
-from proxy.sim.model import plan
 from tests.conftest import create, user
 from tests.fuzz.harness import Stack, start_stack
 
@@ -125,7 +125,7 @@ async def bystander_continues(stack: Stack, ws: ClientConnection, first: dict[st
             break
     await ws.close()
     # the upstream got exactly the bystander's own history
-    sent = stack.sim.runner.app[__import__("proxy.sim.app", fromlist=["SIM_STATE"]).SIM_STATE]
+    sent = stack.sim.runner.app[__import__("wsmode.sim.app", fromlist=["SIM_STATE"]).SIM_STATE]
     body = sent.requests[-1]["body"]
     assert body["input"] == [user("bystander"), *first["output"], user("still here")]
 

@@ -16,8 +16,8 @@ from dataclasses import replace
 from typing import Any
 
 from websockets.asyncio.client import connect
+from wsmode.ops.middleware import OPS
 
-from proxy.ops import OPS
 from tests.conftest import Proxy, Sim, create, recv, seconds, send, until_terminal
 from tests.integration.test_ops import sample, scrape
 

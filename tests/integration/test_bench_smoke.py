@@ -15,7 +15,7 @@ SCENARIOS = ("agent-loop", "overhead", "relay", "scale")
 
 def test_smallest_bench_run_writes_a_complete_report(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, "-m", "proxy.cli", "bench", "--smoke", "--link", "shim"]
+    cmd = [sys.executable, "-m", "wsmode", "bench", "--smoke", "--link", "shim"]
     proc = subprocess.run(
         [*cmd, "--json", str(out), "--png", ""],
         capture_output=True,

@@ -13,9 +13,9 @@ import orjson
 import pytest
 from openai import AsyncOpenAI, OpenAI
 from websockets.asyncio.client import connect
+from wsmode.sim.app import SIM_STATE, SimState, create_sim_app
+from wsmode.sim.chat import chat_completions
 
-from proxy.sim.app import SIM_STATE, SimState, create_sim_app
-from proxy.sim.chat import chat_completions
 from tests.conftest import (
     FAST_SIM,
     Proxy,
@@ -453,7 +453,7 @@ async def test_auto_decided_by_the_first_request(proxy_factory: ProxyFactory) ->
 
 
 def test_native_previous_response_id_needs_the_responses_api() -> None:
-    from proxy.config import ConfigError, load_settings
+    from wsmode.config import ConfigError, load_settings
 
     with pytest.raises(ConfigError, match="native_previous_response_id"):
         load_settings(

@@ -25,7 +25,7 @@ def free_port() -> int:
 @contextmanager
 def running(args: list[str], env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy.cli", *args],
+        [sys.executable, "-m", "wsmode", *args],
         env={**os.environ, **(env or {})},
         stderr=subprocess.PIPE,
         text=True,
@@ -83,7 +83,7 @@ async def test_env_port_and_upstream_flag() -> None:
 
 def test_bad_config_is_a_usage_error(tmp_path: object) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "serve"],
+        [sys.executable, "-m", "wsmode", "serve"],
         env={**os.environ, "WSMODE_SERVER_PORT": "eighty"},
         capture_output=True,
         text=True,

@@ -14,9 +14,9 @@ import orjson
 import pytest
 from openai import AsyncOpenAI, BadRequestError
 from websockets.asyncio.client import ClientConnection, connect
+from wsmode.core.context.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
+from wsmode.sim.model import SUMMARY_LEAD, count_tokens
 
-from proxy.core.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
-from proxy.sim.model import SUMMARY_LEAD, count_tokens
 from tests.conftest import Proxy, Sim, create, seconds, send, until_terminal, user
 
 WINDOW = 1600

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from wsmode.ops.middleware import OPS
 
-from proxy.ops import OPS
 from tests.conftest import Proxy, Sim, create, recv, seconds, send, until_terminal
 from tests.integration.test_cli import free_port, running, wait_healthy
 
@@ -118,7 +118,7 @@ def test_check_config_prints_effective_settings_redacted(tmp_path: object) -> No
     path.write_text('[server]\nport = 9000\n[auth]\napi_keys = ["sk-file-key-aaaaaaaa"]\n')
     env = {**os.environ, "WSMODE_UPSTREAM_API_KEY": "sk-env-key-bbbbbbbb", "WSMODE_PORT": "9100"}
     out = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "check-config", "--config", str(path)],
+        [sys.executable, "-m", "wsmode", "check-config", "--config", str(path)],
         env=env,
         capture_output=True,
         text=True,
@@ -133,7 +133,7 @@ def test_check_config_prints_effective_settings_redacted(tmp_path: object) -> No
 
     assert tomllib.loads(out.stdout)["server"]["port"] == 9100  # the output is valid TOML
     bad = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "check-config"],
+        [sys.executable, "-m", "wsmode", "check-config"],
         env={**os.environ, "WSMODE_AUTH_API_KEY_HASHES_FILE": str(path)},
         capture_output=True,
         text=True,
@@ -169,7 +169,7 @@ def test_every_setting_is_a_flag() -> None:
         [
             sys.executable,
             "-m",
-            "proxy.cli",
+            "wsmode",
             "check-config",
             "--set",
             "server.max_connections=9",
@@ -184,7 +184,7 @@ def test_every_setting_is_a_flag() -> None:
     assert out.returncode == 0, out.stderr
     assert "max_connections = 9" in out.stdout and "queue_size = 3" in out.stdout
     bad = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "serve", "--set", "server.prot=1"],
+        [sys.executable, "-m", "wsmode", "serve", "--set", "server.prot=1"],
         capture_output=True,
         text=True,
         timeout=seconds(30),

@@ -230,8 +230,8 @@ async def test_a_bug_is_logged_with_traceback_and_closes_1011(
 ) -> None:
     """A bug (here: an exception planted in the session) closes only its socket with 1011,
     is logged at ERROR with its traceback and counted; HTTP routes answer 500."""
-    from proxy.core.session import Session
-    from proxy.http_front import HttpExchange
+    from wsmode.core.session import Session
+    from wsmode.http_front.responses import HttpExchange
 
     real = Session.client_message
 

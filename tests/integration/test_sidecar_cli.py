@@ -37,7 +37,7 @@ async def test_sidecar_command_serves_http_over_websocket_mode(proxy: Proxy, sim
 def test_sidecar_without_upstream_is_a_usage_error() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WSMODE_")}
     out = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "sidecar"],
+        [sys.executable, "-m", "wsmode", "sidecar"],
         env=env,
         capture_output=True,
         text=True,
@@ -49,7 +49,7 @@ def test_sidecar_without_upstream_is_a_usage_error() -> None:
 
 def test_sidecar_upstream_from_the_environment_is_checked() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "sidecar"],
+        [sys.executable, "-m", "wsmode", "sidecar"],
         env={**os.environ, "WSMODE_SIDECAR_UPSTREAM": "ftp://example.com"},
         capture_output=True,
         text=True,

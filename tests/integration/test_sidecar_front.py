@@ -9,11 +9,11 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from wsmode.app import create_app
+from wsmode.config import load_settings
+from wsmode.core.sse import SSEDecoder
+from wsmode.runtime import APP_STATE
 
-from proxy.app import create_app
-from proxy.config import load_settings
-from proxy.core.sse import SSEDecoder
-from proxy.state import APP_STATE
 from tests.conftest import Proxy, Sim, seconds, user
 
 TOOLS = [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]

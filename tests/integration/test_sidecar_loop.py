@@ -14,8 +14,8 @@ import aiohttp
 import orjson
 import pytest
 from openai import AsyncOpenAI
+from wsmode.core.sse import SSEDecoder
 
-from proxy.core.sse import SSEDecoder
 from tests.conftest import Proxy, Sidecar, Sim, seconds, user
 
 TOOLS = [

@@ -16,9 +16,9 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from wsmode.sim.events import response_events
+from wsmode.sim.model import plan
 
-from proxy.sim.events import response_events
-from proxy.sim.model import plan
 from tests.conftest import Served, serve, user
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import aiohttp
 import orjson
+from wsmode.core.sse import SSEDecoder
 
-from proxy.core.sse import SSEDecoder
 from tests.conftest import Sim
 
 

@@ -16,7 +16,7 @@ def test_short_soak_passes() -> None:
         [
             sys.executable,
             "-m",
-            "proxy.cli",
+            "wsmode",
             "soak",
             "--connections",
             str(connections),

@@ -12,8 +12,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 from websockets.asyncio.client import connect
+from wsmode.core.store import owner_of
 
-from proxy.core.store import owner_of
 from tests.conftest import Proxy, Sim, create, recv, seconds, send, serve, until_terminal, user
 from tests.integration.test_ops import sample, scrape
 

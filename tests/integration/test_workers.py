@@ -18,7 +18,7 @@ from tests.integration.test_cli import free_port, wait_healthy
 async def test_two_workers_share_the_port_and_drain_on_sigterm() -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy.cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "wsmode", "serve", "--port", str(port)],
         env={
             **os.environ,
             "WSMODE_SERVER_WORKERS": "2",

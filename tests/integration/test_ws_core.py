@@ -387,9 +387,9 @@ async def test_stale_keep_alive_connection_is_resent_once(proxy_factory: Any) ->
     request reaches a socket the server is dropping) costs the client nothing: the request
     goes again on a new connection."""
     from aiohttp import web
+    from wsmode.sim.events import response_events
+    from wsmode.sim.model import plan
 
-    from proxy.sim.events import response_events
-    from proxy.sim.model import plan
     from tests.conftest import serve
 
     per_connection: dict[int, int] = {}

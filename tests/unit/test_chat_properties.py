@@ -9,8 +9,8 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from wsmode.core.errors import UpstreamError
 
-from proxy.core.errors import UpstreamError
 from tests.chat_streams import run, translator
 from tests.event_checks import check_sequence
 

@@ -6,10 +6,9 @@ from typing import Any
 
 import orjson
 import pytest
-
-from proxy.core.dialects.chat import ChatDialect
-from proxy.core.dialects.chat_request import ChatOptions
-from proxy.core.errors import ClientError
+from wsmode.core.dialects.chat import ChatDialect
+from wsmode.core.dialects.chat_request import ChatOptions
+from wsmode.core.errors import ClientError
 
 WEATHER = {
     "type": "function",

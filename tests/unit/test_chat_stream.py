@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from wsmode.core.errors import UpstreamError
+from wsmode.core.sse import SSEEvent
 
-from proxy.core.errors import UpstreamError
-from proxy.core.sse import SSEEvent
 from tests.chat_streams import FIXTURES, TRANSCRIPTS, run, translator, upstream_content
 from tests.event_checks import check_sequence
 

@@ -1,4 +1,4 @@
-"""Compaction items and compaction planning (proxy/core/compaction.py)."""
+"""Compaction items and compaction planning (proxy/core/context/compaction.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from typing import Any
 
 import orjson
 import pytest
-
-from proxy.core.compaction import (
+from wsmode.core.context.compaction import (
     SUMMARY_INSTRUCTIONS,
     SUMMARY_PREFIX,
     Compacted,
@@ -26,8 +25,9 @@ from proxy.core.compaction import (
     summary_text,
     transcript,
 )
-from proxy.core.errors import ClientError
-from proxy.core.sealing import Sealer
+from wsmode.core.context.sealing import Sealer
+from wsmode.core.errors import ClientError
+
 from tests.unit.items import DEV, assistant, b, call, output, user
 
 SEALER = Sealer(bytes(range(32)))

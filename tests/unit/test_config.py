@@ -8,8 +8,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
-from proxy.config import ConfigError, Settings, load_settings
+from wsmode.config import ConfigError, Settings, load_settings
 
 EXAMPLE = Path(__file__).parents[2] / "config" / "wsmode.example.toml"
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import base64
 
 import pytest
-
-from proxy.config import ConfigError, load_settings
-from proxy.context_app import build_context
-from proxy.tokenizer import tokenize_url
+from wsmode.build import build_context
+from wsmode.config import ConfigError, load_settings
+from wsmode.upstream.tokenizer import tokenize_url
 
 KEY = base64.b64encode(bytes(range(32))).decode()
 

@@ -1,4 +1,4 @@
-"""Rendering, token counts, truncation and compaction planning (proxy/core/context.py)."""
+"""Rendering, token counts, truncation and compaction planning (proxy/core/context/manager.py)."""
 
 from __future__ import annotations
 
@@ -7,19 +7,19 @@ from typing import Any
 
 import orjson
 import pytest
-
-from proxy.core.compaction import Compacted, seal, summary_message
-from proxy.core.context import (
+from wsmode.core.context.compaction import Compacted, seal, summary_message
+from wsmode.core.context.manager import (
     ContextManager,
     ContextSettings,
     SummaryResult,
 )
-from proxy.core.conversation import EMPTY, CachedResponse, Segment
-from proxy.core.dialects.responses import ResponsesDialect
-from proxy.core.errors import ClientError, UpstreamError
-from proxy.core.request import CreateRequest, parse_create
-from proxy.core.sealing import Sealer
-from proxy.core.tokens import ITEM_OVERHEAD
+from wsmode.core.context.sealing import Sealer
+from wsmode.core.context.tokens import ITEM_OVERHEAD
+from wsmode.core.conversation import EMPTY, CachedResponse, Segment
+from wsmode.core.dialects.responses import ResponsesDialect
+from wsmode.core.errors import ClientError, UpstreamError
+from wsmode.core.request import CreateRequest, parse_create
+
 from tests.unit.items import DEV, assistant, b, call, output, user
 
 SEALER = Sealer(bytes(range(32)))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.core.conversation import EMPTY, CacheBudget, CachedResponse, ResponseCache, Segment
+from wsmode.core.conversation import EMPTY, CacheBudget, CachedResponse, ResponseCache, Segment
 
 HUGE = 1 << 40
 

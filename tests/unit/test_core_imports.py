@@ -113,7 +113,7 @@ def test_scanner_catches_forbidden_imports(source: str) -> None:
     "source",
     [
         "import secrets",
-        "from proxy.core import wire",
+        "from wsmode.core import wire",
         "from . import time",  # a sibling module that happens to share the name
         "import timeit",
         "import socketserver_like",

@@ -1,5 +1,5 @@
 """The upstream stream as adjusted after a compaction or without usage
-(proxy/core/managed_stream.py)."""
+(proxy/core/context/managed_stream.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ from typing import Any
 
 import orjson
 import pytest
-
-from proxy.core.dialects.responses import ResponsesStream
-from proxy.core.errors import UpstreamError
-from proxy.core.managed_stream import ManagedStream, add_usage, usage_of
-from proxy.core.sse import SSEEvent
+from wsmode.core.context.managed_stream import ManagedStream, add_usage, usage_of
+from wsmode.core.dialects.responses import ResponsesStream
+from wsmode.core.errors import UpstreamError
+from wsmode.core.sse import SSEEvent
 
 ITEM = {"id": "cmp_1", "type": "compaction", "encrypted_content": "sealed"}
 

@@ -9,13 +9,12 @@ import logging
 from pathlib import Path
 
 import pytest
-
-from proxy.auth import Authenticator, bearer, read_hashes
-from proxy.config import AuthSettings, ConfigError, load_settings, redacted
-from proxy.core.errors import UpstreamError
-from proxy.logs import ContextFilter, JsonFormatter, redact, request_id_var
-from proxy.metrics import close_class
-from proxy.upstream_http import UpstreamGate
+from wsmode.config import AuthSettings, ConfigError, load_settings, redacted
+from wsmode.core.errors import UpstreamError
+from wsmode.logs import ContextFilter, JsonFormatter, redact, request_id_var
+from wsmode.ops.auth import Authenticator, bearer, read_hashes
+from wsmode.ops.metrics import close_class
+from wsmode.upstream.client import UpstreamGate
 
 
 def test_bearer_parsing() -> None:

@@ -6,9 +6,8 @@ from typing import Any
 
 import orjson
 import pytest
-
-from proxy.core.errors import ClientError
-from proxy.core.request import check_stream_id, parse_create, upstream_body
+from wsmode.core.errors import ClientError
+from wsmode.core.request import check_stream_id, parse_create, upstream_body
 
 
 def create(**fields: Any) -> dict[str, Any]:

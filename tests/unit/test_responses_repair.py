@@ -7,11 +7,11 @@ from typing import Any
 
 import orjson
 import pytest
+from wsmode.core.errors import UpstreamError
+from wsmode.core.sse import SSEDecoder
+from wsmode.sim.events import response_events
+from wsmode.sim.model import plan
 
-from proxy.core.errors import UpstreamError
-from proxy.core.sse import SSEDecoder
-from proxy.sim.events import response_events
-from proxy.sim.model import plan
 from tests.chat_streams import TRANSCRIPTS, run, translator
 from tests.event_checks import check_sequence
 

@@ -1,4 +1,4 @@
-"""The authenticated encryption of compaction items (proxy/core/sealing.py)."""
+"""The authenticated encryption of compaction items (proxy/core/context/sealing.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import base64
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from proxy.core.sealing import (
+from wsmode.core.context.sealing import (
     NONCE_BYTES,
     TAG_BYTES,
     Sealer,

@@ -12,11 +12,10 @@ from typing import Any
 
 import orjson
 import pytest
-
-from proxy.core.conversation import CacheBudget, ResponseCache
-from proxy.core.dialects.responses import ResponsesDialect
-from proxy.core.errors import UpstreamError, upstream_http_error
-from proxy.core.session import (
+from wsmode.core.conversation import CacheBudget, ResponseCache
+from wsmode.core.dialects.responses import ResponsesDialect
+from wsmode.core.errors import UpstreamError, upstream_http_error
+from wsmode.core.session import (
     Action,
     CancelUpstream,
     Finished,
@@ -26,9 +25,9 @@ from proxy.core.session import (
     StartUpstream,
     UpstreamPolicy,
 )
-from proxy.core.sse import SSEEvent
-from proxy.sim.events import response_events
-from proxy.sim.model import plan
+from wsmode.core.sse import SSEEvent
+from wsmode.sim.events import response_events
+from wsmode.sim.model import plan
 
 HUGE = 1 << 40
 WS_ONLY = {"type", "stream_id", "generate", "client_metadata", "background"}

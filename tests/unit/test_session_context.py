@@ -12,20 +12,20 @@ from dataclasses import replace
 from typing import Any
 
 import orjson
-
-from proxy.core.compaction import summary_message
-from proxy.core.context import (
+from wsmode.core.context.compaction import summary_message
+from wsmode.core.context.manager import (
     ContextManager,
     ContextSettings,
     CountTokens,
     Summarise,
     SummaryResult,
 )
-from proxy.core.conversation import CacheBudget, ResponseCache
-from proxy.core.dialects.responses import ResponsesDialect
-from proxy.core.errors import UpstreamError
-from proxy.core.sealing import Sealer
-from proxy.core.session import Action, CancelUpstream, Session, UpstreamPolicy
+from wsmode.core.context.sealing import Sealer
+from wsmode.core.conversation import CacheBudget, ResponseCache
+from wsmode.core.dialects.responses import ResponsesDialect
+from wsmode.core.errors import UpstreamError
+from wsmode.core.session import Action, CancelUpstream, Session, UpstreamPolicy
+
 from tests.unit.test_session import (
     HUGE,
     assistant,

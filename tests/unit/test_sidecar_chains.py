@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from proxy.sidecar.chains import ChainMemory, item_digest, settings_digest
+from wsmode.sidecar.chains import ChainMemory, item_digest, settings_digest
 
 A, B = b"cred-a", b"cred-b"
 SETTINGS = {

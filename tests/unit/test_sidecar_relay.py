@@ -6,10 +6,9 @@ from typing import Any
 
 import orjson
 import pytest
-
-from proxy.core.sse import SSEDecoder
-from proxy.core.wire import event_type
-from proxy.sidecar.relay import Done, Relay, Reply, Resend, Retry, Write, http_error
+from wsmode.core.sse import SSEDecoder
+from wsmode.core.wire import event_type
+from wsmode.sidecar.relay import Done, Relay, Reply, Resend, Retry, Write, http_error
 
 ITEM = {"id": "fc_1", "type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
 

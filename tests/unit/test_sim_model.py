@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import orjson
-
-from proxy.sim.model import plan
+from wsmode.sim.model import plan
 
 TOOLS = [{"type": "function", "name": "shell", "parameters": {"type": "object"}}]
 

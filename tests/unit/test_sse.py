@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from proxy.core.sse import SSEDecoder, SSEEvent, SSEEventTooLarge
+from wsmode.core.sse import SSEDecoder, SSEEvent, SSEEventTooLarge
 
 BIG = 1 << 20
 

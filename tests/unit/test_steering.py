@@ -6,9 +6,9 @@ from typing import Any
 
 import orjson
 import pytest
+from wsmode.core.session import CancelUpstream, Close, SessionLimits
+from wsmode.core.steering import SteerRejected, parse_steer, required_input
 
-from proxy.core.session import CancelUpstream, Close, SessionLimits
-from proxy.core.steering import SteerRejected, parse_steer, required_input
 from tests.unit.test_session import (
     body_of,
     create,
@@ -189,7 +189,7 @@ def test_create_already_queued_skips_pending() -> None:
 
 
 def test_successor_failure_returns_the_steer_input() -> None:
-    from proxy.core.errors import UpstreamError
+    from wsmode.core.errors import UpstreamError
 
     s = make_session()
     start = the_start(create(s))

@@ -1,4 +1,4 @@
-"""Token counting of conversation items (proxy/core/tokens.py)."""
+"""Token counting of conversation items (proxy/core/context/tokens.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from typing import Any
 
 import orjson
 import pytest
-
-from proxy.core.tokens import (
+from wsmode.core.context.tokens import (
     ATTACHMENT_TOKENS,
     ITEM_OVERHEAD,
     TokenEstimator,

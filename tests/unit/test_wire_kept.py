@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import tracemalloc
 
-from proxy.core import wire
+from wsmode.core import wire
 
 
 def test_dumps_kept_is_dumps_at_exact_size() -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from proxy.core.sse import SSEEvent
+from ..sse import SSEEvent
 
 
 class StreamTranslator(Protocol):

@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from proxy.core.dialects import Dialect, StreamTranslator
-from proxy.core.dialects.chat import ChatDialect
-from proxy.core.dialects.responses import ResponsesDialect, ResponsesStream
+from . import Dialect, StreamTranslator
+from .chat import ChatDialect
+from .responses import ResponsesDialect, ResponsesStream
 
 log = logging.getLogger("wsmode.upstream")
 

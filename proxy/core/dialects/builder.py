@@ -25,8 +25,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.core import wire
-from proxy.core.events import lifecycle_event
+from .. import wire
+from ..api_objects import lifecycle_event
 
 
 @dataclass(slots=True)

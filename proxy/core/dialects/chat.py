@@ -32,19 +32,19 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from proxy.core import wire
-from proxy.core.dialects.builder import BuiltStream, OutputBuilder
-from proxy.core.dialects.chat_request import (
+from .. import wire
+from ..api_objects import response_object
+from ..errors import UpstreamError
+from ..ids import new_id as mint_id
+from ..sse import SSEEvent
+from .builder import BuiltStream, OutputBuilder
+from .chat_request import (
     NAMESPACE_SEP,
     ChatOptions,
     TranslationMemo,
     chat_settings,
     messages,
 )
-from proxy.core.errors import UpstreamError
-from proxy.core.events import response_object
-from proxy.core.ids import new_id as mint_id
-from proxy.core.sse import SSEEvent
 
 _FINISH: dict[str, tuple[str, str | None]] = {
     "stop": ("completed", None),

@@ -36,8 +36,8 @@ from typing import Any
 
 from lru import LRU
 
-from proxy.core import wire
-from proxy.core.errors import ClientError, invalid
+from .. import wire
+from ..errors import ClientError, invalid
 
 log = logging.getLogger("wsmode.chat")
 

@@ -26,9 +26,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from proxy.core.dialects.builder import BuiltStream, OutputBuilder
-from proxy.core.errors import UpstreamError
-from proxy.core.events import TERMINAL_TYPES, response_object
+from ..api_objects import TERMINAL_TYPES, response_object
+from ..errors import UpstreamError
+from .builder import BuiltStream, OutputBuilder
 
 log = logging.getLogger("wsmode.upstream")
 

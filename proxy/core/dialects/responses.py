@@ -20,13 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from proxy.core import wire
-from proxy.core.dialects.repair import ResponsesRepair
-from proxy.core.errors import UpstreamError
-from proxy.core.events import TERMINAL_TYPES
-from proxy.core.ids import new_id as mint_id
-from proxy.core.request import upstream_body
-from proxy.core.sse import SSEEvent
+from .. import wire
+from ..api_objects import TERMINAL_TYPES
+from ..errors import UpstreamError
+from ..ids import new_id as mint_id
+from ..request import upstream_body
+from ..sse import SSEEvent
+from .repair import ResponsesRepair
 
 _PARSED = frozenset(
     {

@@ -21,9 +21,9 @@ import time
 
 import orjson
 
-from proxy.core.dialects.chat import ChatDialect
-from proxy.core.dialects.chat_request import ChatOptions
-from proxy.core.dialects.responses import ResponsesDialect
+from ..core.dialects.chat import ChatDialect
+from ..core.dialects.chat_request import ChatOptions
+from ..core.dialects.responses import ResponsesDialect
 
 
 def history(target_bytes: int) -> list[bytes]:

@@ -26,14 +26,14 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from proxy.auth import Authenticator
-from proxy.config import Settings
-from proxy.core import wire
-from proxy.core.conversation import CacheBudget, ResponseCache
-from proxy.core.ids import new_id
-from proxy.logs import request_id_var
-from proxy.metrics import CONTENT_TYPE, Metrics, cache_families, close_class
-from proxy.usage import UsageSink
+from ..config import Settings
+from ..core import wire
+from ..core.conversation import CacheBudget, ResponseCache
+from ..core.ids import new_id
+from ..logs import request_id_var
+from .auth import Authenticator
+from .metrics import CONTENT_TYPE, Metrics, cache_families, close_class
+from .usage import UsageSink
 
 log = logging.getLogger("wsmode.ops")
 

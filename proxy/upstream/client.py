@@ -15,9 +15,9 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 
-from proxy.config import UpstreamSettings
-from proxy.core.errors import UpstreamError, upstream_http_error
-from proxy.logs import request_id_var
+from ..config import UpstreamSettings
+from ..core.errors import UpstreamError, upstream_http_error
+from ..logs import request_id_var
 
 log = logging.getLogger("wsmode.upstream")
 

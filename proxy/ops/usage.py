@@ -18,9 +18,9 @@ from typing import Any
 
 import aiohttp
 
-from proxy.config import UsageSettings
-from proxy.core import wire
-from proxy.metrics import Metrics
+from ..config import UsageSettings
+from ..core import wire
+from .metrics import Metrics
 
 log = logging.getLogger("wsmode.usage")
 

@@ -24,32 +24,29 @@ import functools
 import logging
 import socket
 import struct
-import time
 from collections.abc import Iterable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.abc import AbstractStreamWriter
 
-from proxy.core import wire
-from proxy.core.context import CountTokens, Summarise
-from proxy.core.conversation import ResponseCache
-from proxy.core.errors import UpstreamError
-from proxy.core.ids import new_id
-from proxy.core.session import (
+from .core import wire
+from .core.context.manager import CountTokens, Summarise
+from .core.errors import UpstreamError
+from .core.ids import new_id
+from .core.session import (
     Action,
     CancelUpstream,
     Close,
     Finished,
     Send,
-    Session,
     StartUpstream,
 )
-from proxy.core.store import owner_of
-from proxy.ops import CLOSE_CODE, OPS, REQUEST_ID
-from proxy.state import AppState
-from proxy.summary import upstream_action
-from proxy.tracking import RunTracker
-from proxy.upstream_http import FORWARDED_HEADERS
+from .core.store import owner_of
+from .ops.middleware import CLOSE_CODE, OPS, REQUEST_ID
+from .ops.tracking import RunTracker
+from .runtime import AppState
+from .upstream.client import FORWARDED_HEADERS
+from .upstream.runner import run_upstream
 
 log = logging.getLogger("wsmode.ws")
 
@@ -74,20 +71,9 @@ class ClientConnection:
             # transport to fall below its high-water mark (set in `_bound_buffers`)
             writer_limit=max(1024, s.server.outbound_buffer_bytes // 2),
         )
-        self.cache = ResponseCache(
-            state.cache_budget, s.cache.connection_max_entries, s.cache.connection_max_bytes
-        )
         owner = owner_of(request.headers.get("Authorization"))
-        self.session = Session(
-            cache=self.cache,
-            policy=state.policy,
-            limits=state.session_limits,
-            clock=time.time,
-            new_id=new_id,
-            store=state.store,
-            owner=owner,
-            context=state.context,
-        )
+        self.session = state.core.session(owner)
+        self.cache = self.session.cache
         self.tracker = RunTracker(
             self.ops.metrics,
             self.ops.usage,
@@ -315,7 +301,7 @@ class ClientConnection:
         run_id = start.run_id
         trace = self.tracker.start(start) if isinstance(start, StartUpstream) else None
         try:
-            await upstream_action(
+            await run_upstream(
                 self.state.upstream,
                 self.session,
                 start,

@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from proxy.core import wire
-from proxy.core.dialects import StreamTranslator
-from proxy.core.events import TERMINAL_TYPES
-from proxy.core.sse import SSEEvent
+from .. import wire
+from ..api_objects import TERMINAL_TYPES
+from ..dialects import StreamTranslator
+from ..sse import SSEEvent
 
 _BEFORE_OUTPUT = frozenset({"response.created", "response.queued", "response.in_progress"})
 _USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens")

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 
 import aiohttp
 
-from proxy.core import wire
-from proxy.core.context import ContextManager, TokenJob
-from proxy.core.tokens import exact_item, item_text, tokenize_body, tokenize_count
-from proxy.upstream_http import UpstreamClient
+from ..core import wire
+from ..core.context.manager import ContextManager, TokenJob
+from ..core.context.tokens import exact_item, item_text, tokenize_body, tokenize_count
+from .client import UpstreamClient
 
 log = logging.getLogger("wsmode.tokens")
 

@@ -12,7 +12,7 @@ import hashlib
 import hmac
 import re
 
-from proxy.config import AuthSettings, ConfigError
+from ..config import AuthSettings, ConfigError
 
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
 

@@ -17,18 +17,19 @@ import time
 
 from aiohttp import web
 
-from proxy.core import wire
-from proxy.core.compaction import parse_compact
-from proxy.core.context import compaction_failed
-from proxy.core.conversation import CachedResponse
-from proxy.core.errors import ProxyError, UpstreamError, previous_response_not_found
-from proxy.core.ids import new_id
-from proxy.core.store import owner_of
-from proxy.http_front import error_response, json_object
-from proxy.passthrough import passthrough
-from proxy.state import APP_STATE
-from proxy.summary import log, run_summary
-from proxy.upstream_http import FORWARDED_HEADERS
+from ..core import wire
+from ..core.context.compaction import parse_compact
+from ..core.context.manager import compaction_failed
+from ..core.conversation import CachedResponse
+from ..core.errors import ProxyError, UpstreamError, previous_response_not_found
+from ..core.ids import new_id
+from ..core.store import owner_of
+from ..runtime import APP_STATE
+from ..upstream.client import FORWARDED_HEADERS
+from ..upstream.passthrough import passthrough
+from ..upstream.runner import compaction_log as log
+from ..upstream.runner import run_summary
+from .responses import error_response, json_object
 
 
 async def compact_response(request: web.Request) -> web.StreamResponse:

@@ -109,7 +109,7 @@ class Stack:
 
     def _spawn(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", *args],
+            [sys.executable, "-m", "wsmode", *args],
             env={**os.environ, **env},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

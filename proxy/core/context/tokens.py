@@ -16,7 +16,7 @@ Two sources, in order of preference:
 Either way every item also costs `ITEM_OVERHEAD` tokens for the role markers a chat
 template wraps around it, and an image or file part a flat `ATTACHMENT_TOKENS` instead of
 the length of its base64 data. Counts are computed once per item and kept beside it (see
-proxy/core/context.py); nothing here does I/O.
+proxy/core/context/manager.py); nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from proxy.core import wire
+from .. import wire
 
 ITEM_OVERHEAD = 4  # role markers and separators of a chat template, per item
 ATTACHMENT_TOKENS = 768  # one image or file part, whatever its encoded size

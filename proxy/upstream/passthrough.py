@@ -16,10 +16,10 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from proxy.core import wire
-from proxy.core.errors import UpstreamError
-from proxy.state import APP_STATE
-from proxy.upstream_http import UpstreamClient
+from ..core import wire
+from ..core.errors import UpstreamError
+from ..runtime import APP_STATE
+from .client import UpstreamClient
 
 log = logging.getLogger("wsmode.http")
 

@@ -6,9 +6,6 @@ upstream when the parent was stored. `stream: true` answers Server-Sent Events w
 lines (PROTOCOL 8.1); otherwise the terminal response object, as the HTTP API returns it.
 An error before the first event is an ordinary HTTP error response; a failure after it is
 an SSE `error` event in the HTTP shape (code, message and param at the top level).
-
-`GET`/`DELETE /v1/responses/{id}` and `GET /v1/responses/{id}/input_items` are served from
-the store, scoped to the caller's credential.
 """
 
 from __future__ import annotations
@@ -16,25 +13,21 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from typing import Any
 
 from aiohttp import web
 
-from proxy.core import wire
-from proxy.core.context import CountTokens, Summarise
-from proxy.core.conversation import ResponseCache
-from proxy.core.errors import ClientError, ProxyError
-from proxy.core.events import TERMINAL_TYPES, http_error_event
-from proxy.core.ids import new_id
-from proxy.core.session import Action, Finished, Send, Session, StartUpstream
-from proxy.core.store import StoredResponse, owner_of
-from proxy.ops import OPS, REQUEST_ID
-from proxy.passthrough import passthrough
-from proxy.state import APP_STATE, AppState
-from proxy.summary import upstream_action
-from proxy.tracking import RunTracker
-from proxy.upstream_http import FORWARDED_HEADERS
+from ..core import wire
+from ..core.api_objects import TERMINAL_TYPES, http_error_event
+from ..core.context.manager import CountTokens, Summarise
+from ..core.errors import ClientError, ProxyError
+from ..core.session import Action, Finished, Send, StartUpstream
+from ..core.store import owner_of
+from ..ops.middleware import OPS, REQUEST_ID
+from ..ops.tracking import RunTracker
+from ..runtime import APP_STATE, AppState
+from ..upstream.client import FORWARDED_HEADERS
+from ..upstream.runner import run_upstream
 
 log = logging.getLogger("wsmode.http")
 
@@ -61,17 +54,7 @@ class HttpExchange:
         self.state = state
         self.request = request
         self.stream = stream
-        s = state.settings
-        self.session = Session(
-            cache=ResponseCache(state.cache_budget, 1, s.cache.connection_max_bytes),
-            policy=state.policy,
-            limits=state.session_limits,
-            clock=time.time,
-            new_id=new_id,
-            store=state.store,
-            owner=_owner(request),
-            context=state.context,
-        )
+        self.session = state.core.session(owner_of(request.headers.get("Authorization")), 1)
         self.headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
         self.sse: web.StreamResponse | None = None
         self.pending: list[StartUpstream | Summarise] = []
@@ -94,7 +77,7 @@ class HttpExchange:
             # one upstream request; twice on a native fallback or after a compaction's summary
             while self.pending:
                 start = self.pending.pop(0)
-                await upstream_action(
+                await run_upstream(
                     self.state.upstream,
                     self.session,
                     start,
@@ -210,86 +193,3 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     stream = body.get("stream") is True
     body["type"] = "response.create"
     return await HttpExchange(state, request, stream).run(body, len(raw))
-
-
-def _not_found(rid: str) -> web.Response:
-    return error_response(
-        ClientError(
-            f"No response found with id '{rid}'.", code="not_found", param="response_id", status=404
-        )
-    )
-
-
-def _stored(request: web.Request) -> StoredResponse | None:
-    store = request.app[APP_STATE].store
-    if store is None:
-        return None
-    return store.get(request.match_info["response_id"], _owner(request))
-
-
-def _owner(request: web.Request) -> str:
-    return owner_of(request.headers.get("Authorization"))
-
-
-async def _missing(request: web.Request) -> web.StreamResponse:
-    """Not in our store: an upstream that keeps its own state may know it; else 404."""
-    if request.app[APP_STATE].settings.upstream.native_previous_response_id:
-        return await passthrough(request)
-    return _not_found(request.match_info["response_id"])
-
-
-async def get_response(request: web.Request) -> web.StreamResponse:
-    stored = _stored(request)
-    if stored is None:
-        return await _missing(request)
-    return web.Response(body=stored.response, content_type="application/json")
-
-
-async def delete_response(request: web.Request) -> web.StreamResponse:
-    store = request.app[APP_STATE].store
-    rid = request.match_info["response_id"]
-    if store is None or not store.delete(rid, _owner(request)):
-        return await _missing(request)
-    return web.json_response({"id": rid, "object": "response", "deleted": True})
-
-
-async def input_items(request: web.Request) -> web.StreamResponse:
-    """The items the response was given (its parents' items and its own input), paginated
-    like the API: `order` (default desc), `limit` (1-100, default 20), `after`."""
-    rid = request.match_info["response_id"]
-    stored = _stored(request)
-    if stored is None:
-        return await _missing(request)
-    q = request.query
-    order = q.get("order", "desc")
-    if order not in ("asc", "desc"):
-        return error_response(ClientError("'order' must be asc or desc.", param="order"))
-    try:
-        limit = int(q.get("limit", "20"))
-    except ValueError:
-        limit = -1
-    if not 1 <= limit <= 100:
-        return error_response(ClientError("'limit' must be between 1 and 100.", param="limit"))
-    items = [wire.loads(b) for b in list(stored.entry.items())[: stored.input_count]]
-    for index, item in enumerate(items):
-        # the API lists every item with an id; give id-less input items stable ones
-        item.setdefault("id", f"item_{rid.removeprefix('resp_')[:24]}_{index}")
-    if order == "desc":
-        items.reverse()
-    after = q.get("after")
-    if after:
-        ids = [i.get("id") for i in items]
-        if after not in ids:
-            return error_response(ClientError(f"No item with id '{after}'.", param="after"))
-        items = items[ids.index(after) + 1 :]
-    page = items[:limit]
-    return web.json_response(
-        {
-            "object": "list",
-            "data": page,
-            "first_id": page[0].get("id") if page else None,
-            "last_id": page[-1].get("id") if page else None,
-            "has_more": len(items) > limit,
-        },
-        dumps=lambda o: wire.dumps(o).decode(),
-    )

@@ -6,7 +6,7 @@ Before a run goes upstream the session asks `ContextManager.prepare` for the ite
 (PROTOCOL 7, 8.3). Preparing does, in order:
 
 1. **Render** the conversation: the parent's cached segments, then the new input, with every
-   compaction item expanded (proxy/core/compaction.py) and everything before the latest one
+   compaction item expanded (proxy/core/context/compaction.py) and everything before the latest one
    dropped. Each cached segment is rendered once and the result memoised on it
    (`Segment.rendering`), with one token count per rendered item: an ordinary turn costs one
    attribute read per segment, and a compaction item in the history is decrypted once, not
@@ -21,7 +21,7 @@ Before a run goes upstream the session asks `ContextManager.prepare` for the ite
    the oldest turns that do not fit the window minus a reserve for output; otherwise a
    request over the window is a 400 `context_length_exceeded` without an upstream call.
 
-Counts start as estimates (proxy/core/tokens.py). When the upstream has a tokenizer and a
+Counts start as estimates (proxy/core/context/tokens.py). When the upstream has a tokenizer and a
 request depends on counts, the segments it used are handed out once as `CountTokens` jobs;
 the adapter tokenizes them in the background and calls `record_counts`, so later turns see
 exact numbers. Nothing here does I/O; the manager is process-wide and holds no
@@ -35,8 +35,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core import wire
-from proxy.core.compaction import (
+from .. import wire
+from ..conversation import CachedResponse, Segment
+from ..dialects import Dialect
+from ..errors import ClientError, UpstreamError, invalid, wrong_type
+from ..request import CreateRequest
+from .compaction import (
     Compacted,
     CompactRequest,
     ItemFacts,
@@ -54,13 +58,9 @@ from proxy.core.compaction import (
     summary_text,
     transcript,
 )
-from proxy.core.conversation import CachedResponse, Segment
-from proxy.core.dialects import Dialect
-from proxy.core.errors import ClientError, UpstreamError, invalid, wrong_type
-from proxy.core.managed_stream import add_usage, usage_of
-from proxy.core.request import CreateRequest
-from proxy.core.sealing import Sealer
-from proxy.core.tokens import TokenEstimator
+from .managed_stream import add_usage, usage_of
+from .sealing import Sealer
+from .tokens import TokenEstimator
 
 MIN_COMPACT_THRESHOLD = 1000  # PROTOCOL 7
 TRUNCATION_MODES = ("auto", "disabled")

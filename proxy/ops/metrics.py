@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from proxy.core.conversation import CacheBudget
+    from ..core.conversation import CacheBudget
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -1,4 +1,4 @@
-"""Choosing the upstream dialect from the settings, and the `upstream.api = "auto"` probe.
+"""The `upstream.api = "auto"` probe: which API the upstream speaks.
 
 The probe is one `POST {upstream}/responses` with the body `{}` at start-up: a server that
 has the endpoint rejects the empty body (400/422), one that has not answers 404 or 405. Any
@@ -9,40 +9,15 @@ choice to the first real request (core/dialects/auto.py).
 from __future__ import annotations
 
 import logging
-import time
 
 import aiohttp
 
-from proxy.config import Settings
-from proxy.core.dialects import Dialect
-from proxy.core.dialects.auto import REFUSED, AutoDialect
-from proxy.core.dialects.chat import ChatDialect
-from proxy.core.dialects.chat_request import ChatOptions
-from proxy.core.dialects.responses import ResponsesDialect
-from proxy.core.ids import new_id
-from proxy.upstream_http import UpstreamClient
+from ..core.dialects.auto import REFUSED, AutoDialect
+from .client import UpstreamClient
 
 log = logging.getLogger("wsmode.upstream")
 
 PROBE_TIMEOUT = 5.0  # seconds; the probe must not hold up start-up for long
-
-
-def make_dialect(settings: Settings) -> Dialect:
-    c = settings.chat
-    options = ChatOptions(
-        system_role=c.system_role,
-        reasoning=c.reasoning,
-        strict_tools=c.strict_tools,
-        memo_bytes=c.translation_cache_bytes,
-    )
-    responses = ResponsesDialect(clock=time.time, new_id=new_id)
-    chat = ChatDialect(options, clock=time.time, new_id=new_id)
-    api = settings.upstream.api
-    if api == "chat":
-        return chat
-    if api == "auto":
-        return AutoDialect(responses, chat)
-    return responses
 
 
 async def probe(upstream: UpstreamClient, dialect: AutoDialect) -> None:

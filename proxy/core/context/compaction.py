@@ -3,7 +3,7 @@
 A stateless model server cannot compact a conversation itself, so the proxy does: it asks
 the upstream model, in an ordinary request, to summarise the older part of the conversation
 (`summary_request`), and hands the client a `compaction` item whose `encrypted_content`
-seals (proxy/core/sealing.py) everything the conversation's start now stands for:
+seals (proxy/core/context/sealing.py) everything the conversation's start now stands for:
 
     head     the leading system/developer messages, kept verbatim (an agent's system prompt
              must never be paraphrased)
@@ -29,10 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core import wire
-from proxy.core.errors import ClientError, missing, wrong_type
-from proxy.core.request import normalise_input
-from proxy.core.sealing import Sealer, SealError
+from .. import wire
+from ..errors import ClientError, missing, wrong_type
+from ..request import normalise_input
+from .sealing import Sealer, SealError
 
 PAYLOAD_VERSION = 1
 COMPACTION_MARKER = b'"type":"compaction"'  # how every item we hold spells it (orjson)

@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from proxy.core.errors import UpstreamError
-from proxy.core.session import Action, Finished, Session, StartUpstream
-from proxy.metrics import Metrics
-from proxy.usage import PendingRecord, UsageSink
+from ..core.errors import UpstreamError
+from ..core.session import Action, Finished, Session, StartUpstream
+from .metrics import Metrics
+from .usage import PendingRecord, UsageSink
 
 log = logging.getLogger("wsmode.runs")
 

@@ -1,0 +1,129 @@
+"""Settings in, the core's objects out: the one place the app's parts are put together.
+
+Pure: nothing here opens a socket, starts a task or reads a clock's value; the fronts and
+`app.py` do that with what this returns. `Core.session()` is the one way a front makes a
+`Session`, so the WebSocket connection and the HTTP exchange run the same rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from .config import Settings
+from .core.context.manager import ContextManager, ContextSettings
+from .core.context.sealing import Sealer, decode_key, new_key
+from .core.conversation import CacheBudget, ResponseCache
+from .core.dialects import Dialect
+from .core.dialects.auto import AutoDialect
+from .core.dialects.chat import ChatDialect
+from .core.dialects.chat_request import ChatOptions
+from .core.dialects.responses import ResponsesDialect
+from .core.ids import new_id
+from .core.session import Session, SessionLimits, UpstreamPolicy
+from .core.store import MemoryStore, ResponseStore
+
+log = logging.getLogger("wsmode.compaction")
+
+
+@dataclass(frozen=True)
+class Core:
+    """What every connection of one app shares: rules, budgets, the store."""
+
+    settings: Settings
+    policy: UpstreamPolicy
+    limits: SessionLimits
+    cache_budget: CacheBudget
+    store: ResponseStore | None
+    context: ContextManager | None  # compaction and context windows; None when switched off
+
+    def session(self, owner: str, max_entries: int | None = None) -> Session:
+        """A session for one connection (or one HTTP request: `max_entries=1`)."""
+        c = self.settings.cache
+        cache = ResponseCache(
+            self.cache_budget,
+            c.connection_max_entries if max_entries is None else max_entries,
+            c.connection_max_bytes,
+        )
+        return Session(
+            cache=cache,
+            policy=self.policy,
+            limits=self.limits,
+            clock=time.time,
+            new_id=new_id,
+            store=self.store,
+            owner=owner,
+            context=self.context,
+        )
+
+
+def build_core(settings: Settings) -> Core:
+    lim, st, c = settings.limits, settings.store, settings.cache
+    return Core(
+        settings=settings,
+        policy=UpstreamPolicy(
+            dialect=make_dialect(settings),
+            store=settings.upstream.store,
+            native_previous_response_id=settings.upstream.native_previous_response_id,
+        ),
+        limits=SessionLimits(
+            max_active=lim.max_active_per_connection,
+            max_lanes=lim.max_lanes_per_connection,
+            max_queued=lim.max_queued_per_connection,
+            steering=lim.steering,
+            max_pending_steers=lim.max_pending_steers,
+        ),
+        cache_budget=CacheBudget(c.process_max_entries, c.process_max_bytes),
+        store=(
+            MemoryStore(st.max_entries, st.max_bytes, st.ttl_seconds, time.time)
+            if st.enabled
+            else None
+        ),
+        context=build_context(settings),
+    )
+
+
+def make_dialect(settings: Settings) -> Dialect:
+    c = settings.chat
+    options = ChatOptions(
+        system_role=c.system_role,
+        reasoning=c.reasoning,
+        strict_tools=c.strict_tools,
+        memo_bytes=c.translation_cache_bytes,
+    )
+    responses = ResponsesDialect(clock=time.time, new_id=new_id)
+    chat = ChatDialect(options, clock=time.time, new_id=new_id)
+    api = settings.upstream.api
+    if api == "chat":
+        return chat
+    if api == "auto":
+        return AutoDialect(responses, chat)
+    return responses
+
+
+def build_context(settings: Settings) -> ContextManager | None:
+    c, t = settings.compaction, settings.tokens
+    if not c.enabled:
+        return None
+    if c.key:
+        key = decode_key(c.key)
+    else:
+        key = new_key()
+        log.warning(
+            "compaction.key is not set: compaction items are sealed with a key generated at "
+            "start-up, so items handed out now stop working after a restart and on other "
+            "replicas"
+        )
+    return ContextManager(
+        ContextSettings(
+            context_window=settings.upstream.context_window,
+            output_reserve=t.output_reserve,
+            bytes_per_token=t.bytes_per_token,
+            keep_recent_fraction=c.keep_recent_fraction,
+            summary_max_output_tokens=c.summary_max_output_tokens,
+            expansion_cache_bytes=c.expansion_cache_bytes,
+            tokenize=bool(t.tokenize_url),
+        ),
+        Sealer(key),
+    )

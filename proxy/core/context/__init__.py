@@ -1,0 +1,1 @@
+"""The context window: token counts, truncation, compaction and its sealed items."""

@@ -1,0 +1,96 @@
+"""`GET`/`DELETE /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`, served from
+the response store and scoped to the caller's credential."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ..core import wire
+from ..core.errors import ClientError
+from ..core.store import StoredResponse, owner_of
+from ..runtime import APP_STATE
+from ..upstream.passthrough import passthrough
+from .responses import error_response
+
+
+def _not_found(rid: str) -> web.Response:
+    return error_response(
+        ClientError(
+            f"No response found with id '{rid}'.", code="not_found", param="response_id", status=404
+        )
+    )
+
+
+def _stored(request: web.Request) -> StoredResponse | None:
+    store = request.app[APP_STATE].store
+    if store is None:
+        return None
+    return store.get(request.match_info["response_id"], _owner(request))
+
+
+def _owner(request: web.Request) -> str:
+    return owner_of(request.headers.get("Authorization"))
+
+
+async def _missing(request: web.Request) -> web.StreamResponse:
+    """Not in our store: an upstream that keeps its own state may know it; else 404."""
+    if request.app[APP_STATE].settings.upstream.native_previous_response_id:
+        return await passthrough(request)
+    return _not_found(request.match_info["response_id"])
+
+
+async def get_response(request: web.Request) -> web.StreamResponse:
+    stored = _stored(request)
+    if stored is None:
+        return await _missing(request)
+    return web.Response(body=stored.response, content_type="application/json")
+
+
+async def delete_response(request: web.Request) -> web.StreamResponse:
+    store = request.app[APP_STATE].store
+    rid = request.match_info["response_id"]
+    if store is None or not store.delete(rid, _owner(request)):
+        return await _missing(request)
+    return web.json_response({"id": rid, "object": "response", "deleted": True})
+
+
+async def input_items(request: web.Request) -> web.StreamResponse:
+    """The items the response was given (its parents' items and its own input), paginated
+    like the API: `order` (default desc), `limit` (1-100, default 20), `after`."""
+    rid = request.match_info["response_id"]
+    stored = _stored(request)
+    if stored is None:
+        return await _missing(request)
+    q = request.query
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        return error_response(ClientError("'order' must be asc or desc.", param="order"))
+    try:
+        limit = int(q.get("limit", "20"))
+    except ValueError:
+        limit = -1
+    if not 1 <= limit <= 100:
+        return error_response(ClientError("'limit' must be between 1 and 100.", param="limit"))
+    items = [wire.loads(b) for b in list(stored.entry.items())[: stored.input_count]]
+    for index, item in enumerate(items):
+        # the API lists every item with an id; give id-less input items stable ones
+        item.setdefault("id", f"item_{rid.removeprefix('resp_')[:24]}_{index}")
+    if order == "desc":
+        items.reverse()
+    after = q.get("after")
+    if after:
+        ids = [i.get("id") for i in items]
+        if after not in ids:
+            return error_response(ClientError(f"No item with id '{after}'.", param="after"))
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0].get("id") if page else None,
+            "last_id": page[-1].get("id") if page else None,
+            "has_more": len(items) > limit,
+        },
+        dumps=lambda o: wire.dumps(o).decode(),
+    )

@@ -1,0 +1,51 @@
+"""What one running app shares across its connections: the core, the upstream client, and
+the values only known once it runs (the simulated upstream's URL, the tokenizer worker)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from .build import Core
+from .config import Settings
+from .core.context.manager import ContextManager
+from .core.conversation import CacheBudget
+from .core.session import UpstreamPolicy
+from .core.store import ResponseStore
+from .upstream.client import UpstreamClient
+from .upstream.tokenizer import TokenizeWorker
+
+
+@dataclass
+class AppState:
+    core: Core
+    upstream: UpstreamClient
+    upstream_url: str
+    simulated: bool = False
+    tokenizer: TokenizeWorker | None = None  # exact token counts, in the background
+    client_bytes_received: int = 0  # WebSocket text bytes from clients, all connections
+
+    # the core's parts the fronts read most, by their short names
+    @property
+    def settings(self) -> Settings:
+        return self.core.settings
+
+    @property
+    def policy(self) -> UpstreamPolicy:
+        return self.core.policy
+
+    @property
+    def cache_budget(self) -> CacheBudget:
+        return self.core.cache_budget
+
+    @property
+    def store(self) -> ResponseStore | None:
+        return self.core.store
+
+    @property
+    def context(self) -> ContextManager | None:
+        return self.core.context
+
+
+APP_STATE = web.AppKey("wsmode_state", AppState)
