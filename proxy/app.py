@@ -18,6 +18,7 @@ from aiohttp import web
 from .build import build_core
 from .config import Settings
 from .core.dialects.auto import AutoDialect
+from .http_front import passthrough
 from .http_front.compact import compact_response
 from .http_front.responses import create_response
 from .http_front.stored import delete_response, get_response, input_items
@@ -25,7 +26,6 @@ from .ops.middleware import OPS, install
 from .runtime import APP_STATE, AppState
 from .sim.app import create_sim_app
 from .upstream.client import UpstreamClient
-from .upstream.passthrough import passthrough
 from .upstream.probe import probe
 from .upstream.tokenizer import TokenizeWorker, tokenize_url
 from .ws_front import ClientConnection

@@ -1,2 +1,13 @@
-"""The plain HTTP front: `POST /v1/responses`, the stored-response routes and
-`POST /v1/responses/compact`."""
+"""The plain HTTP front: `POST /v1/responses` (`responses`), the stored-response routes
+(`stored`), `POST /v1/responses/compact` (`compact`), and every other `/v1/*` request, which
+goes to the upstream as it is (`passthrough`)."""
+
+from aiohttp import web
+
+from ..runtime import APP_STATE
+from ..upstream.passthrough import relay_http
+
+
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    """Any request the proxy does not serve itself, relayed to the upstream unchanged."""
+    return await relay_http(request, request.app[APP_STATE].upstream)

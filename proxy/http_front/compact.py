@@ -26,9 +26,9 @@ from ..core.ids import new_id
 from ..core.store import owner_of
 from ..runtime import APP_STATE
 from ..upstream.client import FORWARDED_HEADERS
-from ..upstream.passthrough import passthrough
 from ..upstream.runner import compaction_log as log
 from ..upstream.runner import run_summary
+from . import passthrough
 from .responses import error_response, json_object
 
 

@@ -9,7 +9,7 @@ from ..core import wire
 from ..core.errors import ClientError
 from ..core.store import StoredResponse, owner_of
 from ..runtime import APP_STATE
-from ..upstream.passthrough import passthrough
+from . import passthrough
 from .responses import error_response
 
 

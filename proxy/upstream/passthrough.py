@@ -18,7 +18,6 @@ from yarl import URL
 
 from ..core import wire
 from ..core.errors import UpstreamError
-from ..runtime import APP_STATE
 from .client import UpstreamClient
 
 log = logging.getLogger("wsmode.http")
@@ -42,10 +41,6 @@ HOP_BY_HOP = frozenset(
 
 def _headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
-
-
-async def passthrough(request: web.Request) -> web.StreamResponse:
-    return await relay_http(request, request.app[APP_STATE].upstream)
 
 
 async def relay_http(
