@@ -6,7 +6,8 @@ from typing import Any
 
 import orjson
 import pytest
-from wsmode.core.session import CancelUpstream, Close, SessionLimits
+from wsmode.core.actions import CancelUpstream, Close, RunCreated
+from wsmode.core.session import SessionLimits
 from wsmode.core.steering import SteerRejected, parse_steer, required_input
 
 from tests.unit.test_session import (
@@ -177,7 +178,7 @@ def test_create_already_queued_skips_pending() -> None:
     feed(s, start.run_id, [created("r1"), added(1, 0, "function_call")])
     s.client_message(steer("r1"))
     tool_out = {"type": "function_call_output", "call_id": "c1", "output": "x"}
-    assert create(s, previous_response_id="r1", input=[tool_out]) == []  # queued
+    assert create(s, previous_response_id="r1", input=[tool_out]) == [RunCreated(2)]  # queued
     final = {"id": "r1", "status": "completed", "output": [CALL]}
     out = feed(
         s,
@@ -218,7 +219,7 @@ def test_lifetime_closes_only_when_idle() -> None:
     start = the_start(create(s))
     feed(s, start.run_id, [created("r1")])
     assert s.lifetime_over() == []  # a response is in flight
-    assert create(s) == []  # nothing new starts now
+    assert create(s) == [RunCreated(2)]  # nothing new starts now
     out = feed(
         s,
         start.run_id,
@@ -234,3 +235,33 @@ def test_lifetime_closes_only_when_idle() -> None:
     assert err["error"]["code"] == "websocket_connection_limit_reached" and err["status"] == 400
     assert Close(1001, "connection lifetime reached") in out
     assert starts(out) == []
+
+
+def test_successor_rejected_at_start_fails_the_steer() -> None:
+    """The automatic successor of an accepted steer can be refused before it goes upstream
+    (here: it no longer fits the context window). The client is owed the steer's
+    `response.steer.failed` (`successor_creation_failed`), not only the `error` (PROTOCOL 2.2,
+    3.2)."""
+    from tests.unit.test_session_context import make as make_with_context
+    from tests.unit.test_session_context import send_create
+
+    s = make_with_context(context_window=3000)
+    start = the_start(send_create(s, input=[user("go")], stream_id="L"))
+    feed(s, start.run_id, [created("r1"), added(1, 0), delta(2)])
+    [accepted] = sends(s.client_message(steer("r1", "x" * 5000)))
+    assert accepted["type"] == "response.steer.accepted"
+    out = feed(s, start.run_id, [done(3, 0, MSG)])
+    evs = sends(out)
+    assert [e["type"] for e in evs] == [
+        "response.output_item.done",
+        "response.incomplete",
+        "error",
+        "response.steer.failed",
+    ]
+    assert evs[2]["error"]["code"] == "context_length_exceeded"
+    failed = evs[3]
+    assert failed["error"]["code"] == "successor_creation_failed"
+    assert failed["steer"]["id"] == accepted["steer"]["id"]
+    assert failed["steer"]["input"] == "x" * 5000 and failed["stream_id"] == "L"
+    assert starts(out) == []
+    assert [f.outcome for f in finished(out)] == ["steered", "rejected"]
