@@ -21,16 +21,22 @@ settles the run's steers and reports the run's `Outcome` (proxy/core/actions.py)
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from . import wire
 from .conversation import CachedResponse
 from .dialects import StreamTranslator
+from .errors import ClientError
 from .request import CreateRequest
 
 if TYPE_CHECKING:
     from .context.manager import Prepared
     from .steering import Steer
+
+
+_STREAM_ID_KEY = b'"stream_id"'
 
 
 class RunState(enum.Enum):
@@ -91,5 +97,56 @@ class Run:
         assert self.stream is not None
         return self.stream.last_seq + self.seq_offset + 1
 
+    def lane_frame(self, frame: bytes) -> bytes:
+        """An upstream event as the client gets it: on the run's lane, its number shifted
+        past the events the proxy inserted (steer events, PROTOCOL 2.2). Per event: cheap
+        when there is no lane and no offset."""
+        if self.seq_offset:
+            ev = wire.loads(frame)
+            if isinstance(ev.get("sequence_number"), int):
+                ev["sequence_number"] += self.seq_offset
+            frame = wire.dumps(ev)
+        lane = self.req.lane
+        if lane is None:
+            return frame
+        return wire.with_field(frame, _STREAM_ID_KEY, wire.dumps(lane))
 
-__all__ = ["TRANSITIONS", "IllegalTransition", "Run", "RunState"]
+
+def streaming(runs: Iterable[Run], response_id: str) -> Run | None:
+    """The STREAMING run whose response is `response_id` (what steer and cancel target)."""
+    for run in runs:
+        stream = run.stream
+        if run.state is RunState.STREAMING and stream and stream.response_id == response_id:
+            return run
+    return None
+
+
+def cancel_target(runs: Iterable[Run], response_id: object, lane: str | None) -> Run:
+    """The run a `response.cancel` names (PROTOCOL 2.4, 10.1): the streaming response
+    `response_id`, or without one the run in flight on `lane`. Raises ClientError."""
+    if response_id is not None and not isinstance(response_id, str):
+        raise ClientError(
+            "'response_id' must be a string.", code="invalid_type", param="response_id"
+        )
+    if response_id:
+        run = streaming(runs, response_id)
+    else:
+        run = next((r for r in runs if r.req.lane == lane and r.state is not RunState.QUEUED), None)
+    if run is None:
+        what = f"Response '{response_id}' is" if response_id else "No response is"
+        raise ClientError(
+            f"{what} not in progress on this connection.",
+            code="response_not_found",
+            param="response_id" if response_id else None,
+        )
+    return run
+
+
+__all__ = [
+    "TRANSITIONS",
+    "IllegalTransition",
+    "Run",
+    "RunState",
+    "cancel_target",
+    "streaming",
+]

@@ -20,11 +20,10 @@ A run's states and their legal moves are the table in proxy/core/runs.py; every 
 `_end`, the one path that frees its lane, settles its steers, reports its `Outcome` and
 starts what can start next.
 
-With a `ContextManager` (proxy/core/context/manager.py) a run's upstream input is prepared at start:
-compaction items expanded, the window fitted, and, when `context_management` asks for it,
-the conversation compacted first: the run waits in COMPACTING while the adapter runs the
-`Summarise` actions (one per chunk of the older part), and its stream then begins with the
-compaction item.
+With a `ContextManager` (proxy/core/context/manager.py) a run's upstream input is prepared
+at start (compaction items expanded, the window fitted); when `context_management` asks for
+it the run first waits in COMPACTING while the adapter runs the `Summarise` actions, and its
+stream then begins with the compaction item.
 
 Steering (proxy/core/steering.py) stops a STREAMING run at its next item boundary and queues
 the successor at the head of the lane; events the proxy inserts into a stream shift the
@@ -70,16 +69,14 @@ from .errors import (
     ProxyError,
     ServerDraining,
     UpstreamError,
-    invalid,
     previous_response_not_found,
 )
 from .request import check_stream_id, parse_create
-from .runs import Run, RunState
+from .runs import Run, RunState, cancel_target, streaming
 from .sse import SSEEvent
-from .steering import Steering, at_boundary, streaming
+from .steering import Steering, at_boundary, steered_response
 from .store import ResponseStore, StoredResponse
 
-_STREAM_ID_KEY = b'"stream_id"'
 _IN_FLIGHT = (RunState.COMPACTING, RunState.UPSTREAM, RunState.STREAMING)
 # outcomes whose run delivered what it carried (a steer's input included)
 _DELIVERED = frozenset({Outcome.COMPLETED, Outcome.INCOMPLETE, Outcome.WARMUP, Outcome.STEERED})
@@ -171,7 +168,7 @@ class Session:
             return self._fail(run, err)
         if run.state is not RunState.STREAMING:  # once per run, not per event
             run.move(RunState.STREAMING)
-        out: list[Action] = [Send(self._lane_frame(run, f)) for f in frames]
+        out: list[Action] = [Send(run.lane_frame(f)) for f in frames]
         if run.stream.outcome is not None:
             out += self._finish_stream(run)
         elif run.steers and at_boundary(run):
@@ -212,7 +209,7 @@ class Session:
             frames = run.stream.eof()
         except UpstreamError as err:
             return self._fail(run, err)
-        out: list[Action] = [Send(self._lane_frame(run, f)) for f in frames]
+        out: list[Action] = [Send(run.lane_frame(f)) for f in frames]
         if run.stream.outcome is not None:
             out += self._finish_stream(run)
         return out
@@ -237,10 +234,9 @@ class Session:
         The runs end silently: nobody is left to receive an event, and queued steer input
         exists only on this connection (2.2 step 5)."""
         self.closed = True
-        out: list[Action] = [
-            CancelUpstream(r.id) for r in self._runs.values() if r.state in _IN_FLIGHT
-        ]
-        for run in list(self._runs.values()):
+        runs = list(self._runs.values())
+        out: list[Action] = [CancelUpstream(r.id) for r in runs if r.state in _IN_FLIGHT]
+        for run in runs:
             self._end(run, Outcome.CANCELLED, silent=True)
         self._queue.clear()
         self.steering.clear()
@@ -507,15 +503,8 @@ class Session:
         `steered`) with the finished items, cache that, and queue the successor."""
         stream = run.stream
         assert stream is not None and stream.response is not None and stream.response_id
-        rid = stream.response_id
-        items = stream.finished_items()
-        resp = {
-            **stream.response,
-            "status": "incomplete",
-            "incomplete_details": {"reason": "steered"},
-            "output": items,
-            "usage": None,
-        }
+        rid, items = stream.response_id, stream.finished_items()
+        resp = steered_response(stream.response, items)
         ev = lifecycle_event("response.incomplete", resp, run.next_seq())
         self._remember(run, rid, [wire.dumps(i) for i in items], resp)
         steers, run.steers = run.steers, []
@@ -619,29 +608,7 @@ class Session:
         lane: str | None = None
         try:
             lane = check_stream_id(msg.get("stream_id"))
-            rid = msg.get("response_id")
-            if rid is not None and not isinstance(rid, str):
-                raise ClientError(
-                    "'response_id' must be a string.", code="invalid_type", param="response_id"
-                )
-            if rid:
-                run = streaming(self._runs.values(), rid)
-            else:
-                run = next(
-                    (
-                        r
-                        for r in self._runs.values()
-                        if r.req.lane == lane and r.state is not RunState.QUEUED
-                    ),
-                    None,
-                )
-            if run is None:
-                what = f"Response '{rid}' is" if rid else "No response is"
-                raise ClientError(
-                    f"{what} not in progress on this connection.",
-                    code="response_not_found",
-                    param="response_id" if rid else None,
-                )
+            run = cancel_target(self._runs.values(), msg.get("response_id"), lane)
         except ClientError as err:
             return self._reject(err, lane if err.code != "invalid_stream_id" else None)
         return self._cancel_run(run)
@@ -659,16 +626,5 @@ class Session:
             ev["stream_id"] = lane
         return wire.dumps(ev)
 
-    def _lane_frame(self, run: Run, frame: bytes) -> bytes:
-        if run.seq_offset:  # the proxy inserted steer events: shift the upstream's numbers
-            ev = wire.loads(frame)
-            if isinstance(ev.get("sequence_number"), int):
-                ev["sequence_number"] += run.seq_offset
-            frame = wire.dumps(ev)
-        lane = run.req.lane
-        if lane is None:
-            return frame
-        return wire.with_field(frame, _STREAM_ID_KEY, wire.dumps(lane))
 
-
-__all__ = ["Session", "SessionLimits", "UpstreamPolicy", "invalid"]
+__all__ = ["Session", "SessionLimits", "UpstreamPolicy"]

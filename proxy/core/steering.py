@@ -27,7 +27,7 @@ from . import wire
 from .actions import Action, Send
 from .conversation import ResponseCache
 from .request import parse_create
-from .runs import Run, RunState
+from .runs import Run
 
 ALLOWED_FIELDS = frozenset({"type", "previous_response_id", "input"})
 _PART_TYPES = frozenset({"input_text", "input_image", "input_file"})
@@ -225,13 +225,16 @@ def at_boundary(run: Run) -> bool:
     )
 
 
-def streaming(runs: Iterable[Run], response_id: str) -> Run | None:
-    """The STREAMING run whose response is `response_id` (what steer and cancel target)."""
-    for run in runs:
-        stream = run.stream
-        if run.state is RunState.STREAMING and stream and stream.response_id == response_id:
-            return run
-    return None
+def steered_response(response: dict[str, Any], items: list[Any]) -> dict[str, Any]:
+    """The response a steer interrupted: `incomplete` with reason `steered`, keeping the
+    finished output items (PROTOCOL 2.2 step 2)."""
+    return {
+        **response,
+        "status": "incomplete",
+        "incomplete_details": {"reason": "steered"},
+        "output": items,
+        "usage": None,
+    }
 
 
 _FAILED_MESSAGES = {

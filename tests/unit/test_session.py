@@ -758,9 +758,8 @@ def test_client_gone_cancels_active_runs_and_clears_cache() -> None:
     a = the_start(create(s, stream_id="a"))
     b = the_start(create(s, stream_id="b"))
     feed(s, b.run_id, [created("resp_b")])
-    assert create(s, stream_id="a", previous_response_id="resp_p") == [
-        RunCreated(4)
-    ]  # queued and pinned
+    queued = create(s, stream_id="a", previous_response_id="resp_p")
+    assert queued == [RunCreated(4)]  # queued and pinned
     actions = s.client_gone()
     assert sorted(actions, key=lambda x: x.run_id) == [  # type: ignore[union-attr]
         CancelUpstream(a.run_id),
@@ -992,3 +991,67 @@ def test_no_ws_only_field_ever_reaches_upstream() -> None:
     )
     body = body_of(start)
     assert not (WS_ONLY | {"previous_response_id"}) & body.keys()
+
+
+# ------------------------------------------------------------------ drain and slow clients
+
+
+DRAINING = (
+    b'{"type":"error","status":503,"error":{"type":"server_error","code":"server_draining",'
+    b'"message":"The server is shutting down and takes no new responses; reconnect.",'
+    b'"param":null}}'
+)
+
+
+def test_draining_refuses_creates_but_the_runs_already_there_finish() -> None:
+    s = make_session()
+    start = the_start(create(s, stream_id="a"))
+    assert create(s, stream_id="a") == [RunCreated(2)]  # queued before the drain
+    s.begin_drain()
+    # refused by the session itself, with the bytes the WebSocket front used to write
+    assert create(s, stream_id="a") == [Send(DRAINING)]
+    assert create(s, generate=False) == [Send(DRAINING)]
+    assert s.queued_count == 1
+    # other messages are answered as usual
+    [bad] = sends(s.client_message(b"{"))
+    assert bad["error"]["code"] == "invalid_json"
+    out = quick(s, start, "resp_1")
+    assert [f.outcome for f in finished(out)] == ["completed"]
+    assert the_start(out).run_id == 2  # the queued run still starts
+
+
+def test_client_stalled_fails_the_response_cancels_upstream_and_frees_the_lane() -> None:
+    s = make_session()
+    start = the_start(create(s, stream_id="a"))
+    assert create(s, stream_id="a") == [RunCreated(2)]
+    feed(s, start.run_id, [created("resp_1"), delta(1)])
+    out = s.client_stalled(start.run_id, 2.5)
+    assert out[0] == CancelUpstream(start.run_id)
+    message = "The response was cancelled: the client did not read its events for 2.5s."
+    failed, error = sends(out)
+    assert failed["type"] == "response.failed" and failed["sequence_number"] == 2
+    assert failed["response"]["error"] == {"code": "client_too_slow", "message": message}
+    assert error == {
+        "type": "error",
+        "status": 408,
+        "error": {
+            "type": "invalid_request_error",
+            "code": "client_too_slow",
+            "message": message,
+            "param": None,
+        },
+        "stream_id": "a",
+        "sequence_number": 3,
+    }
+    assert [(f.run_id, f.outcome) for f in finished(out)] == [(start.run_id, "failed")]
+    assert the_start(out).run_id == 2
+    assert s.client_stalled(start.run_id, 2.5) == []  # it is over: nothing more to do
+
+
+def test_client_stalled_before_created_sends_only_the_error() -> None:
+    s = make_session()
+    start = the_start(create(s))
+    out = s.client_stalled(start.run_id, 1)
+    assert [e["type"] for e in sends(out)] == ["error"]
+    assert sends(out)[0]["error"]["code"] == "client_too_slow"
+    assert out[0] == CancelUpstream(start.run_id)
