@@ -26,10 +26,9 @@ it the run first waits in COMPACTING while the adapter runs the `Summarise` acti
 stream then begins with the compaction item.
 
 Steering (proxy/core/steering.py) stops a STREAMING run at its next item boundary and queues
-the successor at the head of the lane; events the proxy inserts into a stream shift the
-upstream's sequence numbers (`seq_offset`). After `lifetime_over` nothing new starts, and
-the connection closes once no run is in flight; after `begin_drain` creates are refused
-(503 `server_draining`) and the runs already there finish.
+the successor at the head of the lane. After `lifetime_over` nothing new starts, and the
+connection closes once no run is in flight; after `begin_drain` creates are refused (503
+`server_draining`) and the runs already there finish.
 
 On a terminal `completed` or `incomplete` the run's whole item list (parent items, new input,
 output) is cached under the response id. On any failure of a continuation the parent is
@@ -146,17 +145,11 @@ class Session:
             return self._steer(msg)
         if kind == "response.cancel":
             return self._cancel(msg)
-        if not isinstance(kind, str):
-            return self._reject(
-                ClientError("The message has no 'type'.", code="unknown_event_type", param="type")
-            )
-        return self._reject(
-            ClientError(
-                f"Unknown event type '{kind[:100]}'. Send 'response.create'.",
-                code="unknown_event_type",
-                param="type",
-            )
-        )
+        if isinstance(kind, str):
+            text = f"Unknown event type '{kind[:100]}'. Send 'response.create'."
+        else:
+            text = "The message has no 'type'."
+        return self._reject(ClientError(text, code="unknown_event_type", param="type"))
 
     def upstream_event(self, run_id: int, event: SSEEvent) -> list[Action]:
         run = self._runs.get(run_id)
@@ -515,27 +508,6 @@ class Session:
             *self._end(run, Outcome.STEERED, rid),
         ]
 
-    def _cancel_run(self, run: Run) -> list[Action]:
-        stream = run.stream
-        if stream is not None and stream.response is not None:
-            resp = {**stream.response, "output": stream.finished_items()}
-            seq = run.next_seq()
-        else:  # nothing was sent yet for it: the terminal event is all the client sees
-            resp = response_object(
-                response_id=self.new_id("resp"),
-                request=run.req.body,
-                status="cancelled",
-                created_at=int(self.clock()),
-            )
-            seq = 0
-        resp.update(status="cancelled", incomplete_details={"reason": "cancelled"}, usage=None)
-        ev = lifecycle_event("response.incomplete", resp, seq)
-        return [
-            CancelUpstream(run.id),
-            Send(self._event_frame(ev, run.req.lane)),
-            *self._end(run, Outcome.CANCELLED, resp["id"]),
-        ]
-
     def _end(
         self,
         run: Run,
@@ -611,7 +583,25 @@ class Session:
             run = cancel_target(self._runs.values(), msg.get("response_id"), lane)
         except ClientError as err:
             return self._reject(err, lane if err.code != "invalid_stream_id" else None)
-        return self._cancel_run(run)
+        stream = run.stream
+        if stream is not None and stream.response is not None:
+            resp = {**stream.response, "output": stream.finished_items()}
+            seq = run.next_seq()
+        else:  # nothing was sent yet for it: the terminal event is all the client sees
+            resp = response_object(
+                response_id=self.new_id("resp"),
+                request=run.req.body,
+                status="cancelled",
+                created_at=int(self.clock()),
+            )
+            seq = 0
+        resp.update(status="cancelled", incomplete_details={"reason": "cancelled"}, usage=None)
+        ev = lifecycle_event("response.incomplete", resp, seq)
+        return [
+            CancelUpstream(run.id),
+            Send(self._event_frame(ev, run.req.lane)),
+            *self._end(run, Outcome.CANCELLED, resp["id"]),
+        ]
 
     # ------------------------------------------------------------ frames
 

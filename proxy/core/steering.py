@@ -14,7 +14,8 @@ This module validates steer events, writes the steer events and keeps the steeri
 (`Steering`, one per session): the steers accepted on each run (`Run.steers`), the steers a
 run carries the input of (`Run.applies`), and the steers waiting for the client's create
 after `response.steer.pending`. The session decides when a run ends; `Steering` says what
-its steers become then.
+its steers become then. Each steer event written into a running response's stream shifts
+the upstream's later sequence numbers by one (`Run.seq_offset`, applied by `Run.lane_frame`).
 """
 
 from __future__ import annotations

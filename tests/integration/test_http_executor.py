@@ -95,7 +95,7 @@ async def test_cancel_upstream_stops_reading_the_run() -> None:
         # the session ends the run from inside its stream, as a steer boundary would
         out = real(run_id, event)
         if session.is_active(run_id):
-            out += session._cancel_run(session._runs[run_id])
+            out += session.client_message(b'{"type": "response.cancel"}')
         return out
 
     session.upstream_event = cancelling  # type: ignore[method-assign]
