@@ -6,14 +6,20 @@ session. When the client goes away, every pump is cancelled, which closes its up
 connection. An exception that escapes a pump is a bug: it is logged with a traceback and the
 socket closes with 1011.
 
+The adapter moves bytes and makes no protocol decision: every message goes to the session,
+and `_execute` runs the actions that come back (an exhaustive match: proxy/core/actions.py).
+It is the one place `CancelUpstream` is acted on (proxy/upstream/runner.py says how).
+
 Backpressure: a write waits while more than `server.outbound_buffer_bytes` are queued for the
 client (our write buffer; the kernel's send buffer is asked for the same size), and the pump
 waits on the write, so the upstream is not read meanwhile. A write blocked for
-`server.send_timeout` cancels its response: the upstream request is closed and the client,
-once it reads again, finds `response.failed` and an `error` with code `client_too_slow`.
+`server.send_timeout` leaves the pump (closing the upstream request) and tells the session
+(`client_stalled`), which fails the response: the client, once it reads again, finds
+`response.failed` and an `error` with code `client_too_slow`.
 
-Drain: `begin_drain` refuses further creates (503 `server_draining`), lets the responses in
-flight finish for the grace period, then closes the socket with 1001.
+Drain: `begin_drain` tells the session (which refuses further creates with 503
+`server_draining`), lets the responses in flight finish for the grace period, then closes the
+socket with 1001.
 """
 
 from __future__ import annotations
@@ -25,34 +31,36 @@ import logging
 import socket
 import struct
 from collections.abc import Iterable
+from typing import assert_never
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.abc import AbstractStreamWriter
 
 from .core import wire
-from .core.context.manager import CountTokens, Summarise
-from .core.errors import UpstreamError
-from .core.ids import new_id
-from .core.session import (
+from .core.actions import (
     Action,
     CancelUpstream,
     Close,
+    CountTokens,
     Finished,
+    RunCreated,
     Send,
     StartUpstream,
+    Summarise,
 )
+from .core.ids import new_id
 from .core.store import owner_of
 from .ops.middleware import CLOSE_CODE, OPS, REQUEST_ID
 from .ops.tracking import RunTracker
 from .runtime import AppState
 from .upstream.client import FORWARDED_HEADERS
-from .upstream.runner import run_upstream
+from .upstream.runner import Abandon, run_upstream
 
 log = logging.getLogger("wsmode.ws")
 
 
-class ClientTooSlow(Exception):
-    """A write to the client stayed blocked for `server.send_timeout`."""
+class WriteStalled(Exception):
+    """A write of a response's frames stayed blocked for `server.send_timeout`."""
 
 
 class ClientConnection:
@@ -162,6 +170,7 @@ class ClientConnection:
         if self.draining and grace > 0:
             return
         self.draining = True
+        self.session.begin_drain()
         if self.tg is not None:  # a second call with grace 0 cuts a running drain short
             if self._drain_task is not None:
                 self._drain_task.cancel()
@@ -214,17 +223,18 @@ class ClientConnection:
         self.state.client_bytes_received += size
         if log.isEnabledFor(logging.DEBUG):
             log.debug("connection %s received a %d-byte message", self.id, size)
-        if self.draining and _is_create(data):
-            await self._execute([Send(_DRAINING_ERROR)])
-            return
         call = functools.partial(self.session.client_message, data)
-        await self._execute(self.tracker.feed(self.session, call, size))
+        await self._execute(self.tracker.feed(call, size))
 
     # ---- executing the session's actions
 
     async def _execute(self, actions: Iterable[Action], run_id: int | None = None) -> None:
+        """Execute the session's actions in order. `run_id`: the run whose pump is executing
+        them (its frames may raise WriteStalled; if they cancel it, Abandon is raised once
+        all are executed, so that the runner leaves the stream)."""
         frames: list[bytes] = []  # consecutive Sends go out together, in one write
         last: list[bytes] = []  # a run's last events, written before its Finished
+        abandon = False
         for action in actions:
             if isinstance(action, Send):
                 frames.append(action.frame)
@@ -232,32 +242,42 @@ class ClientConnection:
             if frames:
                 await self._send(frames, run_id)
                 last, frames = frames[-2:], []
-            if isinstance(action, StartUpstream | Summarise):
-                assert self.tg is not None
-                self.pumps[action.run_id] = self.tg.create_task(self._pump(action))
-            elif isinstance(action, CancelUpstream):
-                task = self.pumps.pop(action.run_id, None)
-                if task is not None and task is not asyncio.current_task():
-                    task.cancel()
-            elif isinstance(action, Close):
-                await self._close(action.code, action.reason.encode())
-            elif isinstance(action, Finished):
-                self.responses += 1
-                self.tracker.finished(action, last)
-                last = []
-            elif isinstance(action, CountTokens) and self.state.tokenizer is not None:
-                self.state.tokenizer.submit(action.jobs, self.upstream_headers)
+            match action:
+                case StartUpstream() | Summarise():
+                    assert self.tg is not None
+                    self.pumps[action.run_id] = self.tg.create_task(self._pump(action))
+                case CancelUpstream():
+                    task = self.pumps.pop(action.run_id, None)
+                    if action.run_id == run_id:
+                        abandon = True  # our own pump: its runner leaves the stream
+                    elif task is not None and task is not asyncio.current_task():
+                        task.cancel()  # (a pump that already left its stream has no work)
+                case Close():
+                    await self._close(action.code, action.reason.encode())
+                case Finished():
+                    self.responses += 1
+                    self.tracker.finished(action, last)
+                    last = []
+                case RunCreated():
+                    self.tracker.created(action)
+                case CountTokens():
+                    if self.state.tokenizer is not None:
+                        self.state.tokenizer.submit(action.jobs, self.upstream_headers)
+                case _:
+                    assert_never(action)
         if frames:
             await self._send(frames, run_id)
         if self.draining:
             self._check_idle()
+        if abandon:
+            raise Abandon
 
     async def _send(self, frames: list[bytes], run_id: int | None) -> None:
         """Send text frames in order. Without permessage-deflate, all the frames that one
         upstream chunk produced are encoded here (RFC 6455 5.2: a server frame is a header
         and the unmasked payload) and written with one transport write, not one write and
         one syscall each; then the writer's drain applies the transport's backpressure.
-        A drain blocked for `server.send_timeout` raises ClientTooSlow for a response's
+        A drain blocked for `server.send_timeout` raises WriteStalled for a response's
         frames (`run_id`); the frames stay queued for when the client reads again."""
         ws = self.ws
         if ws.closed:
@@ -292,7 +312,7 @@ class ClientConnection:
         except TimeoutError:
             self.bytes_out += size  # queued already; only the wait for room timed out
             if run_id is not None:
-                raise ClientTooSlow from None
+                raise WriteStalled from None
             return
         self.bytes_out += size
         self.ops.metrics.client_bytes_sent.inc(size)
@@ -311,9 +331,9 @@ class ClientConnection:
                 f"connection {self.id}",
                 trace,
             )
-        except ClientTooSlow:
-            # leaving pump() closed the upstream request; tell the client (the frames queue
-            # behind what it has not read) and free the lane for its next create
+        except WriteStalled:
+            # leaving the runner closed the upstream request; the session fails the response
+            # (its events queue behind what the client has not read) and frees the lane
             timeout = self.state.settings.server.send_timeout
             log.warning(
                 "connection %s: client read nothing for %gs; response cancelled", self.id, timeout
@@ -321,39 +341,10 @@ class ClientConnection:
             self.ops.metrics.slow_client_cancellations.inc()
             if trace is not None:
                 trace.error_counted = True
-            err = UpstreamError(
-                f"The response was cancelled: the client did not read its events for {timeout:g}s.",
-                status=408,
-                type="invalid_request_error",
-                code="client_too_slow",
-                started=True,
-            )
-            await self._execute(self.session.upstream_failed(run_id, err))
+            await self._execute(self.session.client_stalled(run_id, timeout))
         finally:
             if self.pumps.get(run_id) is asyncio.current_task():
                 del self.pumps[run_id]
-
-
-_DRAINING_ERROR = wire.dumps(
-    {
-        "type": "error",
-        "status": 503,
-        "error": {
-            "type": "server_error",
-            "code": "server_draining",
-            "message": "The server is shutting down and takes no new responses; reconnect.",
-            "param": None,
-        },
-    }
-)
-
-
-def _is_create(data: str) -> bool:
-    try:
-        msg = wire.loads(data)
-    except wire.JSONDecodeError:
-        return False
-    return isinstance(msg, dict) and msg.get("type") == "response.create"
 
 
 def _text_header(n: int) -> bytes:

@@ -84,6 +84,35 @@ class UpstreamError(ProxyError):
         self.started = started
 
 
+class ServerDraining(ProxyError):
+    """A `response.create` while the server drains (SIGTERM): responses in flight finish,
+    nothing new starts, and the client should reconnect (to another instance)."""
+
+    status = 503
+    type = "server_error"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "The server is shutting down and takes no new responses; reconnect.",
+            code="server_draining",
+        )
+
+
+class ClientTooSlow(ProxyError):
+    """The client read nothing for `server.send_timeout` while a response was being written:
+    the response is cancelled upstream and fails, as an upstream failure would (PROTOCOL
+    4.2's eviction included); the client finds the events once it reads again."""
+
+    status = 408
+    type = "invalid_request_error"
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(
+            f"The response was cancelled: the client did not read its events for {timeout:g}s.",
+            code="client_too_slow",
+        )
+
+
 def invalid(message: str, param: str | None, code: str = "invalid_value") -> ClientError:
     return ClientError(message, code=code, param=param)
 

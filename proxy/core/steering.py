@@ -10,16 +10,25 @@ output (it emitted a function call), the steer waits: `response.steer.pending` l
 `required_input` stubs, and the queued input is prepended to the client's next create on
 that parent and lane.
 
-This module validates steer events and writes the steer events; the state lives in the
-session.
+This module validates steer events, writes the steer events and keeps the steering state
+(`Steering`, one per session): the steers accepted on each run (`Run.steers`), the steers a
+run carries the input of (`Run.applies`), and the steers waiting for the client's create
+after `response.steer.pending`. The session decides when a run ends; `Steering` says what
+its steers become then. Each steer event written into a running response's stream shifts
+the upstream's later sequence numbers by one (`Run.seq_offset`, applied by `Run.lane_frame`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import wire
+from .actions import Action, Send
+from .conversation import ResponseCache
+from .request import parse_create
+from .runs import Run
 
 ALLOWED_FIELDS = frozenset({"type", "previous_response_id", "input"})
 _PART_TYPES = frozenset({"input_text", "input_image", "input_file"})
@@ -65,6 +74,195 @@ def parse_steer(msg: dict[str, Any]) -> SteerRequest:
     else:
         raise SteerRejected("invalid_input", "'input' must be a string or a non-empty array.")
     return SteerRequest(target, tuple(wire.dumps(i) for i in items), raw)
+
+
+class Steering:
+    """The steering state of one connection (PROTOCOL 2.2). Queued steer input exists only
+    on this connection (step 5): `clear` forgets it when the socket goes."""
+
+    def __init__(
+        self,
+        cache: ResponseCache,
+        *,
+        enabled: bool,
+        max_pending: int,
+        new_id: Callable[[str], str],
+        next_run_id: Callable[[], int],
+    ) -> None:
+        self.cache = cache
+        self.enabled = enabled
+        self.max_pending = max_pending  # per run; eight times that across the connection
+        self.new_id = new_id
+        self.next_run_id = next_run_id
+        self._waiting: dict[str, list[Steer]] = {}  # response id -> steers awaiting a create
+
+    def steer(
+        self, msg: dict[str, Any], run: Run | None, runs: Iterable[Run]
+    ) -> tuple[list[Action], bool]:
+        """A `response.steer` for `run` (the STREAMING run it names, None if there is none;
+        `runs`: every run not yet done). Returns the event to send and whether the steer was
+        accepted (then it is on `run.steers`)."""
+        target = msg.get("previous_response_id")
+        try:
+            req = parse_steer(msg)
+            if run is None:
+                known = self.cache.peek(req.target) is not None or req.target in self._waiting
+                if known:
+                    raise SteerRejected(
+                        "response_already_completed", f"Response '{req.target}' has finished."
+                    )
+                if any(r.stream and r.stream.response_id == req.target for r in runs):
+                    raise SteerRejected(
+                        "response_not_active",
+                        f"Response '{req.target}' no longer accepts steering.",
+                    )
+                raise SteerRejected(
+                    "response_not_found",
+                    f"Response '{req.target}' is not running on this connection.",
+                )
+            settings = run.req.settings
+            if (
+                not self.enabled
+                or settings.get("context_management")
+                or settings.get("conversation")
+            ):
+                raise SteerRejected(
+                    "steering_not_supported",
+                    "This response cannot be steered (steering is off, or it uses compaction "
+                    "or a conversation).",
+                )
+            waiting = sum(len(v) for v in self._waiting.values())
+            cap = self.max_pending
+            if len(run.steers) >= cap or waiting >= cap * 8:
+                raise SteerRejected("too_many_pending_steers", "Too much steering input is queued.")
+        except SteerRejected as err:
+            ev = failed_event(
+                err.code,
+                err.message,
+                target=target,
+                raw_input=msg.get("input"),
+                lane=run.req.lane if run is not None else None,
+                seq=run.next_seq() if run is not None else 0,
+            )
+            if run is not None:
+                run.seq_offset += 1
+            return [Send(wire.dumps(ev))], False
+        steer = Steer(self.new_id("steer"), req, run.req.lane)
+        run.steers.append(steer)
+        seq = run.next_seq()
+        run.seq_offset += 1
+        return [Send(wire.dumps(accepted_event(steer, seq)))], True
+
+    def after_end(
+        self, run: Run, rid: str, queue: Iterable[Run]
+    ) -> tuple[list[Action], Run | None]:
+        """`run` (with steers) ended `rid` before a boundary. Client tool output needed: the
+        steers wait (`response.steer.pending`, unless the client's create is already among
+        the `queue`d runs); otherwise the automatic successor is returned, to be queued."""
+        assert run.stream is not None
+        steers, run.steers = run.steers, []
+        stubs = required_input(run.stream.output)
+        if not stubs:
+            return [], self.successor(run, rid, steers)
+        self._waiting.setdefault(rid, []).extend(steers)
+        lane = run.req.lane
+        if any(q.req.previous_response_id == rid and q.req.lane == lane for q in queue):
+            return [], None
+        out: list[Action] = []
+        for steer in steers:
+            out.append(Send(wire.dumps(pending_event(steer, stubs, run.next_seq()))))
+            run.seq_offset += 1
+        return out, None
+
+    def successor(self, run: Run, rid: str, steers: list[Steer]) -> Run:
+        """The automatic successor of `run` (ended as `rid`) carrying `steers`' input: it
+        inherits the parent's settings (PROTOCOL 2.2 step 3); the session queues it first
+        in its lane."""
+        body = {**run.req.body, "previous_response_id": rid, "input": []}
+        body.pop("generate", None)
+        req = parse_create(body)
+        items = tuple(item for steer in steers for item in steer.request.items)
+        successor = Run(self.next_run_id(), replace(req, input_items=items), applies=list(steers))
+        if self.cache.pin(rid):
+            successor.pinned = rid
+        return successor
+
+    def apply_waiting(self, run: Run) -> None:
+        """The client's explicit create after `response.steer.pending`: the queued steer
+        input goes first, in submission order; the request keeps its own settings."""
+        rid = run.req.previous_response_id
+        steers = self._waiting.get(rid or "")
+        if not steers or steers[0].lane != run.req.lane:
+            return
+        del self._waiting[rid or ""]
+        items = tuple(item for steer in steers for item in steer.request.items)
+        run.req = replace(run.req, input_items=items + run.req.input_items)
+        run.applies = steers
+
+    def settle(self, run: Run, delivered: bool) -> list[Action]:
+        """`run` is ending: the `response.steer.failed` owed to its steers. Steers whose
+        input it carries fail with `successor_creation_failed` when it ended undelivered
+        before the client saw its `response.created`; steers still pending on it fail with
+        `response_not_active` (the ones it handed on were taken off `run.steers`)."""
+        out: list[Action] = []
+        if run.applies and not delivered and not run.announced:
+            out += steers_failed(run.applies, "successor_creation_failed")
+        if run.steers:
+            out += steers_failed(run.steers, "response_not_active")
+        return out
+
+    def clear(self) -> None:
+        self._waiting.clear()
+
+
+def at_boundary(run: Run) -> bool:
+    """Between output items, and no function call emitted (then the response must end for
+    the client's tool output, and the steer waits: PROTOCOL 2.2 step 4)."""
+    stream = run.stream
+    if stream is None or stream.response is None or stream.open_items:
+        return False
+    return not any(
+        isinstance(i, dict) and i.get("type") == "function_call" for i in stream.finished_items()
+    )
+
+
+def steered_response(response: dict[str, Any], items: list[Any]) -> dict[str, Any]:
+    """The response a steer interrupted: `incomplete` with reason `steered`, keeping the
+    finished output items (PROTOCOL 2.2 step 2)."""
+    return {
+        **response,
+        "status": "incomplete",
+        "incomplete_details": {"reason": "steered"},
+        "output": items,
+        "usage": None,
+    }
+
+
+_FAILED_MESSAGES = {
+    "successor_creation_failed": "Could not start the follow-up response; resend this "
+    "input with response.create.",
+    "response_not_active": "The response ended before the steering input was applied; "
+    "resend it with response.create.",
+}
+
+
+def steers_failed(steers: list[Steer], code: str) -> list[Action]:
+    """`response.steer.failed` for accepted steers (their ids are reused: PROTOCOL 3.2)."""
+    return [
+        Send(
+            wire.dumps(
+                failed_event(
+                    code,
+                    _FAILED_MESSAGES[code],
+                    target=s.request.target,
+                    raw_input=s.request.raw_input,
+                    steer_id=s.id,
+                    lane=s.lane,
+                )
+            )
+        )
+        for s in steers
+    ]
 
 
 def _user_message(item: Any, index: int) -> dict[str, Any]:

@@ -13,21 +13,30 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import Any
+from typing import Any, assert_never
 
 from aiohttp import web
 
 from ..core import wire
+from ..core.actions import (
+    Action,
+    CancelUpstream,
+    Close,
+    CountTokens,
+    Finished,
+    RunCreated,
+    Send,
+    StartUpstream,
+    Summarise,
+)
 from ..core.api_objects import TERMINAL_TYPES, http_error_event
-from ..core.context.manager import CountTokens, Summarise
 from ..core.errors import ClientError, ProxyError
-from ..core.session import Action, Finished, Send, StartUpstream
 from ..core.store import owner_of
 from ..ops.middleware import OPS, REQUEST_ID
 from ..ops.tracking import RunTracker
 from ..runtime import APP_STATE, AppState
 from ..upstream.client import FORWARDED_HEADERS
-from ..upstream.runner import run_upstream
+from ..upstream.runner import Abandon, run_upstream
 
 log = logging.getLogger("wsmode.http")
 
@@ -58,6 +67,7 @@ class HttpExchange:
         self.headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
         self.sse: web.StreamResponse | None = None
         self.pending: list[StartUpstream | Summarise] = []
+        self.running: int | None = None  # the run whose upstream request is being read
         self.error: dict[str, Any] | None = None  # the first WS error envelope, if any
         self.terminal: dict[str, Any] | None = None
         ops = request.app[OPS]
@@ -73,10 +83,11 @@ class HttpExchange:
     async def run(self, body: dict[str, Any], nbytes: int = 0) -> web.StreamResponse:
         try:
             call = functools.partial(self.session.create, body)
-            await self.execute(self.tracker.feed(self.session, call, nbytes))
+            await self.execute(self.tracker.feed(call, nbytes))
             # one upstream request; twice on a native fallback or after a compaction's summary
             while self.pending:
                 start = self.pending.pop(0)
+                self.running = start.run_id
                 await run_upstream(
                     self.state.upstream,
                     self.session,
@@ -110,18 +121,36 @@ class HttpExchange:
         raise RuntimeError("response ended without a terminal event or an error")
 
     async def execute(self, actions: list[Action]) -> None:
+        """Execute the session's actions in order (the runner's `execute` too)."""
         frames: list[bytes] = []
+        abandon = False
         for action in actions:
-            if isinstance(action, Send):
-                frames.append(action.frame)
-                await self._frame(action.frame)
-            elif isinstance(action, StartUpstream | Summarise):
-                self.pending.append(action)
-            elif isinstance(action, CountTokens) and self.state.tokenizer is not None:
-                self.state.tokenizer.submit(action.jobs, self.headers)
-            elif isinstance(action, Finished):
-                self.tracker.finished(action, frames[-2:])
-                frames = []
+            match action:
+                case Send():
+                    frames.append(action.frame)
+                    await self._frame(action.frame)
+                case StartUpstream() | Summarise():
+                    self.pending.append(action)
+                case CountTokens():
+                    if self.state.tokenizer is not None:
+                        self.state.tokenizer.submit(action.jobs, self.headers)
+                case RunCreated():
+                    self.tracker.created(action)
+                case Finished():
+                    self.tracker.finished(action, frames[-2:])
+                    frames = []
+                case CancelUpstream():
+                    # the request's only run: send nothing more for it, and stop reading its
+                    # upstream stream (the runner leaves it once this batch is executed)
+                    self.pending = [p for p in self.pending if p.run_id != action.run_id]
+                    abandon = abandon or action.run_id == self.running
+                case Close():
+                    # only a connection's lifetime ends in Close; an exchange has none
+                    raise RuntimeError("a one-shot HTTP session asked to close a connection")
+                case _:
+                    assert_never(action)
+        if abandon:
+            raise Abandon
 
     async def _frame(self, frame: bytes) -> None:
         kind = wire.event_type(frame) or "message"

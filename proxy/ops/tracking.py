@@ -1,10 +1,11 @@
 """Follows each response from its create to its `Finished` action, for metrics and usage.
 
 Adapters (the WebSocket connection, the HTTP exchange) own one `RunTracker` per session. The
-tracker learns a run's id from the session (`run_ids()` before and after a create), the
-upstream request's size from `StartUpstream`, upstream timings from the pump, and its end from
-`Finished`. At the end it observes the histograms and hands a usage record to the background
-writer; building the record's JSON happens there, off the path of the next turn.
+tracker learns of a run from the session's `RunCreated` action (with the size of the client
+message that created it, when a message did), the upstream request's size from
+`StartUpstream`, upstream timings from the pump, and its end from `Finished`. At the end it
+observes the histograms and hands a usage record to the background writer; building the
+record's JSON happens there, off the path of the next turn.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..core.actions import Action, Finished, Outcome, RunCreated, StartUpstream
 from ..core.errors import UpstreamError
-from ..core.session import Action, Finished, Session, StartUpstream
 from .metrics import Metrics
 from .usage import PendingRecord, UsageSink
 
@@ -98,24 +99,31 @@ class RunTracker:
         self.clock = clock
         self.traces: dict[int, RunTrace] = {}
 
-    def feed(self, session: Session, call: Callable[[], list[Action]], nbytes: int) -> list[Action]:
-        """Run `call` (a client message into the session) and trace every run it created."""
+    def feed(self, call: Callable[[], list[Action]], nbytes: int) -> list[Action]:
+        """Run `call` (a client message of `nbytes` into the session) and trace every run
+        it created from the moment the message arrived."""
         now = self.clock()
-        before = session.run_ids()
         actions = call()
-        new = session.run_ids() - before
         for a in actions:
-            if isinstance(a, (StartUpstream, Finished)) and a.run_id not in before:
-                new.add(a.run_id)
-        for rid in new:
-            if rid not in self.traces:
-                self.traces[rid] = RunTrace(self.metrics, now, nbytes, clock=self.clock)
+            if isinstance(a, RunCreated):
+                self.created(a, now, nbytes)
         self.metrics.client_bytes.inc(nbytes)
         return actions
 
+    def created(
+        self, action: RunCreated, received: float | None = None, client_bytes: int = 0
+    ) -> None:
+        """A run exists (executors call this for every `RunCreated`; a steer's successor
+        created by an upstream event has no client message of its own)."""
+        if action.run_id not in self.traces:
+            when = self.clock() if received is None else received
+            self.traces[action.run_id] = RunTrace(
+                self.metrics, when, client_bytes, clock=self.clock
+            )
+
     def start(self, action: StartUpstream) -> RunTrace:
         trace = self.traces.get(action.run_id)
-        if trace is None:  # a run the tracker did not see created (a native fallback retry)
+        if trace is None:  # not seen created (an adapter that skipped `created`): count it
             trace = self.traces[action.run_id] = RunTrace(
                 self.metrics, self.clock(), 0, clock=self.clock
             )
@@ -130,11 +138,12 @@ class RunTracker:
     def finished(self, action: Finished, frames: list[bytes]) -> None:
         """The run ended and `frames` (its last events) have been written to the client."""
         m = self.metrics
-        m.responses.labels(action.outcome, self.dialect).inc()
+        outcome = action.outcome.value  # the label and record keep the plain strings
+        m.responses.labels(outcome, self.dialect).inc()
         trace = self.traces.pop(action.run_id, None)
         now = self.clock()
         if (
-            action.outcome == "failed"
+            action.outcome is Outcome.FAILED
             and trace is not None
             and trace.upstream_start is not None
             and not trace.error_counted
@@ -159,7 +168,7 @@ class RunTracker:
                 "%s response %s %s (run %d)",
                 self.label,
                 action.response_id,
-                action.outcome,
+                outcome,
                 action.run_id,
             )
         if self.usage is not None:
@@ -170,7 +179,7 @@ class RunTracker:
                     owner=self.owner,
                     dialect=self.dialect,
                     response_id=action.response_id,
-                    outcome=action.outcome,
+                    outcome=outcome,
                     usage=action.usage,
                     frames=frames[-2:],
                     client_bytes=trace.client_bytes if trace else 0,

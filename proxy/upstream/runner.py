@@ -11,6 +11,13 @@ while a client is not reading the upstream is not read either: backpressure reac
 server instead of our memory. An optional `RunTrace` records timings and sizes for metrics
 and usage accounting.
 
+Cancellation has one rule. The runner never looks at the actions: after each batch it asks
+the session whether it still wants the run (`Session.is_active`) and, when not, leaves the
+stream after draining its rest (`[DONE]`), so the pooled connection can be reused. Only the
+executor acts on `CancelUpstream`: for another run it cancels that run's task; for the run
+whose batch it is executing it raises `Abandon` once the whole batch is executed, and the
+runner leaves the stream without draining, which closes the upstream request.
+
 A summary (`run_summary`), the summarising request of a compaction: its events stay here.
 The core plans it, this module runs it with the dialect's own translator and returns the
 output items and usage; nothing reaches the client, and the session gets the result back
@@ -22,10 +29,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
-from ..core.context.manager import Summarise, SummaryResult
+from ..core.actions import Action, Send, StartUpstream, Summarise
+from ..core.context.manager import SummaryResult
 from ..core.dialects import Dialect
 from ..core.errors import UpstreamError
-from ..core.session import Action, CancelUpstream, Send, Session, StartUpstream
+from ..core.session import Session
 from ..core.sse import SSEDecoder, SSEEventTooLarge
 from ..ops.tracking import RunTrace
 from .client import UpstreamClient, request_body
@@ -37,8 +45,10 @@ compaction_log = logging.getLogger("wsmode.compaction")
 Execute = Callable[[list[Action]], Awaitable[None]]
 
 
-class _Abandon(Exception):
-    """The session stopped this run itself (a steer, a cancel): close, do not drain."""
+class Abandon(Exception):
+    """Raised by an executor, after executing a batch, when the batch cancelled the run whose
+    events it carried (`CancelUpstream`: a steer's boundary, a cancel, a stalled client):
+    the runner leaves the stream at once and closes the upstream request, without draining."""
 
 
 async def stream_response(
@@ -75,14 +85,12 @@ async def stream_response(
                         break
                 if trace is not None and trace.first_sent is None and _sends(actions):
                     trace.delivered()  # the first event is handed to the client's writer now
-                await execute(actions)
+                await execute(actions)  # raises Abandon if they cancelled this run
                 if not session.is_active(run_id):
-                    if any(isinstance(a, CancelUpstream) and a.run_id == run_id for a in actions):
-                        raise _Abandon  # leaving the stream early closes the upstream
-                    return  # a terminal event: the rest ([DONE]) is drained for reuse
+                    return  # it ended: the rest ([DONE]) is drained for reuse
             await execute(session.upstream_eof(run_id))
-    except _Abandon:
-        pass
+    except Abandon:
+        pass  # leaving the stream early closed the upstream request
     except UpstreamError as err:
         log.warning("%s upstream failure (%s): %s", label, err.status, err.message)
         if trace is not None:

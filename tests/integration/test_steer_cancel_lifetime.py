@@ -206,3 +206,31 @@ async def test_idle_socket_is_closed_only_at_the_lifetime(sim: Sim, proxy_factor
         assert err["error"]["code"] == "websocket_connection_limit_reached"
         await asyncio.wait_for(ws.wait_closed(), seconds(5))
     assert ws.close_code == 1001
+
+
+async def test_steer_whose_successor_cannot_start_is_failed(
+    sim_factory: Any, proxy_factory: Any
+) -> None:
+    """The automatic successor is refused before the upstream is asked (its input no longer
+    fits the context window): the client gets the `error` and the steer's
+    `response.steer.failed` (`successor_creation_failed`), and the connection goes on."""
+    sim, proxy = await _long_answer(sim_factory, proxy_factory, upstream__context_window=4000)
+    async with connect(proxy.ws) as ws:
+        await send(ws, create(input=[user("write a lot")], stream_id="s", store=False))
+        first = await _until(ws, "response.output_text.delta")
+        rid = first[0]["response"]["id"]
+        huge = "too long " * 3000
+        await send(ws, {"type": "response.steer", "previous_response_id": rid, "input": huge})
+        events = await _until(ws, "response.steer.failed")
+        kinds = [e["type"] for e in events]
+        assert kinds[0] == "response.steer.accepted" and "response.incomplete" in kinds
+        error = next(e for e in events if e["type"] == "error")
+        assert error["error"]["code"] == "context_length_exceeded" and error["stream_id"] == "s"
+        failed = events[-1]
+        assert failed["error"]["code"] == "successor_creation_failed"
+        assert failed["steer"]["id"] == events[0]["steer"]["id"]
+        assert failed["steer"]["input"] == huge and failed["stream_id"] == "s"
+        # the lane is free again
+        await send(ws, create(input=[user("short")], stream_id="s", store=False))
+        assert (await until_terminal(ws, timeout=30))[-1]["type"] == "response.completed"
+    assert sim.state.cancelled == 1 and len(sim.bodies()) == 2

@@ -12,19 +12,18 @@ from typing import Any
 
 import orjson
 import pytest
-from wsmode.core.conversation import CacheBudget, ResponseCache
-from wsmode.core.dialects.responses import ResponsesDialect
-from wsmode.core.errors import UpstreamError, upstream_http_error
-from wsmode.core.session import (
+from wsmode.core.actions import (
     Action,
     CancelUpstream,
     Finished,
+    RunCreated,
     Send,
-    Session,
-    SessionLimits,
     StartUpstream,
-    UpstreamPolicy,
 )
+from wsmode.core.conversation import CacheBudget, ResponseCache
+from wsmode.core.dialects.responses import ResponsesDialect
+from wsmode.core.errors import UpstreamError, upstream_http_error
+from wsmode.core.session import Session, SessionLimits, UpstreamPolicy
 from wsmode.core.sse import SSEEvent
 from wsmode.sim.events import response_events
 from wsmode.sim.model import plan
@@ -177,7 +176,7 @@ def test_create_starts_upstream_with_clean_body() -> None:
         store=True,
     )
     start = the_start(actions)
-    assert actions == [start]
+    assert actions == [RunCreated(1), start]
     assert start.run_id == 1 and start.path == "/responses"
     assert body_of(start) == {
         "model": "m",
@@ -343,7 +342,7 @@ def test_warmup_on_named_lane_carries_stream_id() -> None:
 def test_warmup_queued_behind_a_running_response_waits_its_turn() -> None:
     s = make_session()
     first = the_start(create(s, stream_id="a"))
-    assert create(s, stream_id="a", generate=False) == []
+    assert create(s, stream_id="a", generate=False) == [RunCreated(2)]
     _, actions = complete(s, first)
     types = [f["type"] for f in sends(actions)]
     assert types[-3:] == ["response.completed", "response.created", "response.completed"]
@@ -355,7 +354,7 @@ def test_warmup_queued_behind_a_running_response_waits_its_turn() -> None:
 def test_second_create_on_same_lane_waits_for_the_first() -> None:
     s = make_session()
     first = the_start(create(s, stream_id="a", input="one"))
-    assert create(s, stream_id="a", input="two") == []
+    assert create(s, stream_id="a", input="two") == [RunCreated(2)]
     assert s.queued_count == 1 and s.active_count == 1
     _, actions = complete(s, first)
     # the first's terminal and Finished precede the second's start
@@ -369,7 +368,7 @@ def test_second_create_on_same_lane_waits_for_the_first() -> None:
 def test_default_lane_is_fifo_too() -> None:
     s = make_session()
     first = the_start(create(s))
-    assert create(s) == []
+    assert create(s) == [RunCreated(2)]
     _, actions = complete(s, first)
     assert the_start(actions).run_id == 2
 
@@ -380,7 +379,7 @@ def test_queued_continuation_of_the_running_response_finds_its_parent() -> None:
     rid = "resp_first"
     feed(s, first.run_id, [created(rid)])
     # the client learned the id from response.created and chains at once
-    assert create(s, stream_id="a", previous_response_id=rid, input="next") == []
+    assert create(s, stream_id="a", previous_response_id=rid, input="next") == [RunCreated(2)]
     actions = feed(s, first.run_id, [item_done(1, assistant("A")), terminal(rid, 2, [])])
     second = the_start(actions)
     assert body_of(second)["input"] == [user("hi"), assistant("A"), user("next")]
@@ -398,7 +397,7 @@ def test_different_lanes_run_concurrently() -> None:
 def test_max_active_queues_across_lanes() -> None:
     s = make_session(limits=SessionLimits(max_active=1))
     a = the_start(create(s, stream_id="a"))
-    assert create(s, stream_id="b") == []
+    assert create(s, stream_id="b") == [RunCreated(2)]
     actions = quick(s, a, "resp_a")
     assert the_start(actions).run_id == 2
 
@@ -406,7 +405,7 @@ def test_max_active_queues_across_lanes() -> None:
 def test_a_busy_lane_does_not_block_other_lanes_behind_it() -> None:
     s = make_session()
     the_start(create(s, stream_id="a"))
-    assert create(s, stream_id="a") == []  # queued behind the first on lane a
+    assert create(s, stream_id="a") == [RunCreated(2)]  # queued behind the first on lane a
     assert the_start(create(s, stream_id="b")).run_id == 3
 
 
@@ -461,7 +460,7 @@ def test_33rd_lane_is_refused_with_its_stream_id_echoed() -> None:
     assert err["error"]["code"] == "websocket_stream_limit_reached"
     assert err["error"]["param"] == "stream_id"
     # lanes already in use, and the default lane, still work
-    assert create(s, stream_id="agent_7") == []  # queued behind agent_7's first run
+    assert create(s, stream_id="agent_7") == [RunCreated(33)]  # queued behind agent_7's first run
     assert s.queued_count == 1
     assert starts(create(s))
 
@@ -491,8 +490,8 @@ def test_validation_error_on_named_lane_echoes_stream_id() -> None:
 def test_too_many_queued_requests() -> None:
     s = make_session(limits=SessionLimits(max_queued=2))
     the_start(create(s, stream_id="a"))
-    assert create(s, stream_id="a") == []
-    assert create(s, stream_id="a") == []
+    assert create(s, stream_id="a") == [RunCreated(2)]
+    assert create(s, stream_id="a") == [RunCreated(3)]
     [err] = sends(create(s, stream_id="a"))
     assert err["status"] == 429 and err["error"]["code"] == "too_many_queued_requests"
     assert err["stream_id"] == "a" and s.queued_count == 2
@@ -526,7 +525,7 @@ def test_upstream_http_error_before_stream() -> None:
 def test_failure_frees_the_lane_for_the_next_queued_run() -> None:
     s = make_session()
     start = the_start(create(s))
-    assert create(s) == []
+    assert create(s) == [RunCreated(2)]
     actions = s.upstream_failed(start.run_id, UpstreamError("connect failed"))
     assert the_start(actions).run_id == 2
 
@@ -759,7 +758,8 @@ def test_client_gone_cancels_active_runs_and_clears_cache() -> None:
     a = the_start(create(s, stream_id="a"))
     b = the_start(create(s, stream_id="b"))
     feed(s, b.run_id, [created("resp_b")])
-    assert create(s, stream_id="a", previous_response_id="resp_p") == []  # queued and pinned
+    queued = create(s, stream_id="a", previous_response_id="resp_p")
+    assert queued == [RunCreated(4)]  # queued and pinned
     actions = s.client_gone()
     assert sorted(actions, key=lambda x: x.run_id) == [  # type: ignore[union-attr]
         CancelUpstream(a.run_id),
@@ -961,7 +961,7 @@ def test_queued_fork_pins_its_parent_against_lru_eviction() -> None:
     quick(s, the_start(create(s, stream_id="a")), "resp_p")
     blocker = the_start(create(s, stream_id="b"))
     # a fork queued behind the running request on lane b pins resp_p
-    assert create(s, stream_id="b", previous_response_id="resp_p") == []
+    assert create(s, stream_id="b", previous_response_id="resp_p") == [RunCreated(3)]
     # a response on lane a completes: with one entry allowed it would push resp_p out
     other = the_start(create(s, stream_id="a"))
     quick(s, other, "resp_other")
@@ -991,3 +991,67 @@ def test_no_ws_only_field_ever_reaches_upstream() -> None:
     )
     body = body_of(start)
     assert not (WS_ONLY | {"previous_response_id"}) & body.keys()
+
+
+# ------------------------------------------------------------------ drain and slow clients
+
+
+DRAINING = (
+    b'{"type":"error","status":503,"error":{"type":"server_error","code":"server_draining",'
+    b'"message":"The server is shutting down and takes no new responses; reconnect.",'
+    b'"param":null}}'
+)
+
+
+def test_draining_refuses_creates_but_the_runs_already_there_finish() -> None:
+    s = make_session()
+    start = the_start(create(s, stream_id="a"))
+    assert create(s, stream_id="a") == [RunCreated(2)]  # queued before the drain
+    s.begin_drain()
+    # refused by the session itself, with the bytes the WebSocket front used to write
+    assert create(s, stream_id="a") == [Send(DRAINING)]
+    assert create(s, generate=False) == [Send(DRAINING)]
+    assert s.queued_count == 1
+    # other messages are answered as usual
+    [bad] = sends(s.client_message(b"{"))
+    assert bad["error"]["code"] == "invalid_json"
+    out = quick(s, start, "resp_1")
+    assert [f.outcome for f in finished(out)] == ["completed"]
+    assert the_start(out).run_id == 2  # the queued run still starts
+
+
+def test_client_stalled_fails_the_response_cancels_upstream_and_frees_the_lane() -> None:
+    s = make_session()
+    start = the_start(create(s, stream_id="a"))
+    assert create(s, stream_id="a") == [RunCreated(2)]
+    feed(s, start.run_id, [created("resp_1"), delta(1)])
+    out = s.client_stalled(start.run_id, 2.5)
+    assert out[0] == CancelUpstream(start.run_id)
+    message = "The response was cancelled: the client did not read its events for 2.5s."
+    failed, error = sends(out)
+    assert failed["type"] == "response.failed" and failed["sequence_number"] == 2
+    assert failed["response"]["error"] == {"code": "client_too_slow", "message": message}
+    assert error == {
+        "type": "error",
+        "status": 408,
+        "error": {
+            "type": "invalid_request_error",
+            "code": "client_too_slow",
+            "message": message,
+            "param": None,
+        },
+        "stream_id": "a",
+        "sequence_number": 3,
+    }
+    assert [(f.run_id, f.outcome) for f in finished(out)] == [(start.run_id, "failed")]
+    assert the_start(out).run_id == 2
+    assert s.client_stalled(start.run_id, 2.5) == []  # it is over: nothing more to do
+
+
+def test_client_stalled_before_created_sends_only_the_error() -> None:
+    s = make_session()
+    start = the_start(create(s))
+    out = s.client_stalled(start.run_id, 1)
+    assert [e["type"] for e in sends(out)] == ["error"]
+    assert sends(out)[0]["error"]["code"] == "client_too_slow"
+    assert out[0] == CancelUpstream(start.run_id)

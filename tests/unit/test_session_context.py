@@ -12,19 +12,14 @@ from dataclasses import replace
 from typing import Any
 
 import orjson
+from wsmode.core.actions import Action, CancelUpstream, CountTokens, Summarise
 from wsmode.core.context.compaction import summary_message
-from wsmode.core.context.manager import (
-    ContextManager,
-    ContextSettings,
-    CountTokens,
-    Summarise,
-    SummaryResult,
-)
+from wsmode.core.context.manager import ContextManager, ContextSettings, SummaryResult
 from wsmode.core.context.sealing import Sealer
 from wsmode.core.conversation import CacheBudget, ResponseCache
 from wsmode.core.dialects.responses import ResponsesDialect
 from wsmode.core.errors import UpstreamError
-from wsmode.core.session import Action, CancelUpstream, Session, UpstreamPolicy
+from wsmode.core.session import Session, UpstreamPolicy
 
 from tests.unit.test_session import (
     HUGE,

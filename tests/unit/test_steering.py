@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
 import pytest
-from wsmode.core.session import CancelUpstream, Close, SessionLimits
+from wsmode.core.actions import CancelUpstream, Close, RunCreated
+from wsmode.core.dialects.responses import ResponsesDialect
+from wsmode.core.errors import ClientError
+from wsmode.core.session import SessionLimits
 from wsmode.core.steering import SteerRejected, parse_steer, required_input
 
 from tests.unit.test_session import (
@@ -177,7 +181,7 @@ def test_create_already_queued_skips_pending() -> None:
     feed(s, start.run_id, [created("r1"), added(1, 0, "function_call")])
     s.client_message(steer("r1"))
     tool_out = {"type": "function_call_output", "call_id": "c1", "output": "x"}
-    assert create(s, previous_response_id="r1", input=[tool_out]) == []  # queued
+    assert create(s, previous_response_id="r1", input=[tool_out]) == [RunCreated(2)]  # queued
     final = {"id": "r1", "status": "completed", "output": [CALL]}
     out = feed(
         s,
@@ -218,7 +222,7 @@ def test_lifetime_closes_only_when_idle() -> None:
     start = the_start(create(s))
     feed(s, start.run_id, [created("r1")])
     assert s.lifetime_over() == []  # a response is in flight
-    assert create(s) == []  # nothing new starts now
+    assert create(s) == [RunCreated(2)]  # nothing new starts now
     out = feed(
         s,
         start.run_id,
@@ -234,3 +238,103 @@ def test_lifetime_closes_only_when_idle() -> None:
     assert err["error"]["code"] == "websocket_connection_limit_reached" and err["status"] == 400
     assert Close(1001, "connection lifetime reached") in out
     assert starts(out) == []
+
+
+def test_successor_rejected_at_start_fails_the_steer() -> None:
+    """The automatic successor of an accepted steer can be refused before it goes upstream
+    (here: it no longer fits the context window). The client is owed the steer's
+    `response.steer.failed` (`successor_creation_failed`), not only the `error` (PROTOCOL 2.2,
+    3.2)."""
+    from tests.unit.test_session_context import make as make_with_context
+    from tests.unit.test_session_context import send_create
+
+    s = make_with_context(context_window=3000)
+    start = the_start(send_create(s, input=[user("go")], stream_id="L"))
+    feed(s, start.run_id, [created("r1"), added(1, 0), delta(2)])
+    [accepted] = sends(s.client_message(steer("r1", "x" * 5000)))
+    assert accepted["type"] == "response.steer.accepted"
+    out = feed(s, start.run_id, [done(3, 0, MSG)])
+    evs = sends(out)
+    assert [e["type"] for e in evs] == [
+        "response.output_item.done",
+        "response.incomplete",
+        "error",
+        "response.steer.failed",
+    ]
+    assert evs[2]["error"]["code"] == "context_length_exceeded"
+    failed = evs[3]
+    assert failed["error"]["code"] == "successor_creation_failed"
+    assert failed["steer"]["id"] == accepted["steer"]["id"]
+    assert failed["steer"]["input"] == "x" * 5000 and failed["stream_id"] == "L"
+    assert starts(out) == []
+    assert [f.outcome for f in finished(out)] == ["steered", "rejected"]
+
+
+class _RefusesAfterFirst(ResponsesDialect):
+    """A dialect that can express the first request but not the next (as Chat with
+    `strict_tools` refuses what it cannot send)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bodies = 0
+
+    def body(
+        self, settings: dict[str, Any], extra: dict[str, Any], items: list[bytes]
+    ) -> list[bytes]:
+        self.bodies += 1
+        if self.bodies > 1:
+            raise ClientError("This upstream cannot run it.", code="unsupported_value")
+        return super().body(settings, extra, items)
+
+
+def test_successor_refused_by_the_dialect_fails_the_steer() -> None:
+    s = make_session()
+    s.policy = replace(s.policy, dialect=_RefusesAfterFirst())
+    start = the_start(create(s))
+    feed(s, start.run_id, [created("r1"), added(1, 0), done(2, 0, MSG)])
+    out = s.client_message(steer("r1", "please"))
+    evs = sends(out)
+    assert [e["type"] for e in evs] == [
+        "response.steer.accepted",
+        "response.incomplete",
+        "error",
+        "response.steer.failed",
+    ]
+    assert evs[2]["error"]["code"] == "unsupported_value"
+    assert evs[3]["error"]["code"] == "successor_creation_failed"
+    assert evs[3]["steer"]["id"] == evs[0]["steer"]["id"]
+    assert [f.outcome for f in finished(out)] == ["steered", "rejected"]
+    assert s.active_count == 0 and s.queued_count == 0
+
+
+def test_successor_is_announced_before_it_starts() -> None:
+    s = make_session()
+    start = the_start(create(s))
+    feed(s, start.run_id, [created("r1"), added(1, 0), done(2, 0, MSG)])
+    out = s.client_message(steer("r1"))
+    succ = the_start(out)
+    kinds = [type(a) for a in out]
+    assert RunCreated(succ.run_id) in out
+    assert out.index(RunCreated(succ.run_id)) < out.index(succ)
+    assert kinds.count(RunCreated) == 1
+
+
+def test_explicit_create_after_pending_rejected_at_start_fails_the_steers() -> None:
+    """The client's create that carries queued steer input (PROTOCOL 2.2 step 4) and is
+    refused before the upstream is asked: the steers' input did not reach a response."""
+    from tests.unit.test_session_context import make as make_with_context
+    from tests.unit.test_session_context import send_create
+
+    s = make_with_context(context_window=3000)
+    start = the_start(send_create(s, input=[user("go")]))
+    feed(s, start.run_id, [created("r1"), added(1, 0, "function_call")])
+    s.client_message(steer("r1", "y" * 5000))
+    final = {"id": "r1", "status": "completed", "output": [CALL]}
+    done_ev = {"type": "response.completed", "sequence_number": 3, "response": final}
+    out = feed(s, start.run_id, [done(2, 0, CALL), done_ev])
+    assert sends(out)[-1]["type"] == "response.steer.pending"
+    tool_out = {"type": "function_call_output", "call_id": "c1", "output": "x"}
+    out = send_create(s, previous_response_id="r1", input=[tool_out])
+    assert [e["type"] for e in sends(out)] == ["error", "response.steer.failed"]
+    assert sends(out)[1]["error"]["code"] == "successor_creation_failed"
+    assert [f.outcome for f in finished(out)] == ["rejected"]

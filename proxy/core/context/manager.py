@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import wire
+from ..actions import Summarise
 from ..conversation import CachedResponse, Segment
 from ..dialects import Dialect
 from ..errors import ClientError, UpstreamError, invalid, wrong_type
@@ -78,7 +79,7 @@ class ContextSettings:
     tokenize: bool = False  # the upstream has a tokenizer: hand out CountTokens jobs
 
 
-# ---------------------------------------------------------------- actions and results
+# ---------------------------------------------------------------- counts and results
 
 
 @dataclass(eq=False)
@@ -104,23 +105,6 @@ class TokenJob:
 
     target: TokenCounts
     items: tuple[bytes, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class CountTokens:
-    """Action: tokenize these items in the background, then call `record_counts`."""
-
-    jobs: tuple[TokenJob, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Summarise:
-    """Action: send this summarising request upstream and feed the outcome back
-    (`Session.summary_done` / `Session.summary_failed`). Nothing of it reaches the client."""
-
-    run_id: int
-    body: list[bytes]
-    path: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -601,9 +585,7 @@ def context_length_exceeded(tokens: int, window: int, truncated: bool = False) -
 __all__ = [
     "ContextManager",
     "ContextSettings",
-    "CountTokens",
     "Prepared",
-    "Summarise",
     "SummaryResult",
     "TokenCounts",
     "TokenJob",

@@ -1,0 +1,108 @@
+"""Every action the sans-I/O core returns, in one module.
+
+The core (`Session`, and the `ContextManager` through it) never does I/O: each input returns
+a list of these, and an adapter (the WebSocket connection, the HTTP exchange) executes them in
+order. Every executor ends in an exhaustive `match` over `Action`, so a new action that some
+adapter forgets is a type error, not a silently dropped step.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .context.manager import TokenJob
+
+
+class Outcome(enum.StrEnum):
+    """How a run ended: the closed set `Finished` reports. The values are what metrics
+    labels (`wsmode_responses_total{outcome=...}`) and usage records carry."""
+
+    COMPLETED = "completed"  # response.completed
+    INCOMPLETE = "incomplete"  # response.incomplete from the upstream (max tokens, ...)
+    FAILED = "failed"  # response.failed, or an upstream failure the proxy reported
+    REJECTED = "rejected"  # refused before the upstream was asked (a client error)
+    CANCELLED = "cancelled"  # response.cancel (PROTOCOL 2.4)
+    WARMUP = "warmup"  # generate: false (PROTOCOL 2.1): no upstream call
+    STEERED = "steered"  # ended incomplete at an item boundary for a steer (PROTOCOL 2.2)
+
+
+@dataclass(slots=True)  # not frozen: one is made per event, and frozen init costs twice
+class Send:
+    frame: bytes  # one JSON object, sent as one text frame
+
+
+@dataclass(frozen=True, slots=True)
+class RunCreated:
+    """A run exists from now on: a create was queued, or a steer's automatic successor.
+    Adapters start tracing it here (the client's message size is known to them)."""
+
+    run_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartUpstream:
+    run_id: int
+    body: list[bytes]  # pieces of the JSON body, concatenated by the adapter
+    path: str  # appended to the upstream base URL
+
+
+@dataclass(frozen=True, slots=True)
+class CancelUpstream:
+    """Stop reading the run's upstream request and close it (no draining: generation must
+    stop there). The executor is the only place this is acted on."""
+
+    run_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    code: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A run ended; for logs, metrics and usage accounting."""
+
+    run_id: int
+    response_id: str | None
+    outcome: Outcome
+    usage: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CountTokens:
+    """Tokenize these items in the background, then call `ContextManager.record_counts`."""
+
+    jobs: tuple[TokenJob, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Summarise:
+    """Send this summarising request upstream and feed the outcome back
+    (`Session.summary_done` / `Session.summary_failed`). Nothing of it reaches the client."""
+
+    run_id: int
+    body: list[bytes]
+    path: str
+
+
+Action = (
+    Send | RunCreated | StartUpstream | CancelUpstream | Close | Finished | Summarise | CountTokens
+)
+
+__all__ = [
+    "Action",
+    "CancelUpstream",
+    "Close",
+    "CountTokens",
+    "Finished",
+    "Outcome",
+    "RunCreated",
+    "Send",
+    "StartUpstream",
+    "Summarise",
+]

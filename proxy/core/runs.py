@@ -1,0 +1,152 @@
+"""A run (one `response.create`, or a steer's automatic successor) and its state machine.
+
+Theory of operation
+-------------------
+Every run moves through the states below, and only along the edges of `TRANSITIONS`; the
+session moves a run with `Run.move`, which raises `IllegalTransition` (a bug in the proxy,
+never a client's mistake) for any other edge. `DONE` has no way out: a run that ended can
+never be streamed into, failed or finished a second time.
+
+    QUEUED --start--> UPSTREAM --first event--> STREAMING --terminal--> DONE
+       |    |            |  (native fallback or auto's   |  (a steer at an item
+       |    |            |   switch to Chat: UPSTREAM     |   boundary, a cancel,
+       |    |            |   again, before any event)     |   a failure)
+       |    +--> COMPACTING --summary_done--> UPSTREAM    +-------------------> DONE
+       +--warmup / not found / rejected / client gone -------------------> DONE
+
+Every edge into DONE is taken by the session's single end (`Session._end`), which also
+settles the run's steers and reports the run's `Outcome` (proxy/core/actions.py).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from . import wire
+from .conversation import CachedResponse
+from .dialects import StreamTranslator
+from .errors import ClientError
+from .request import CreateRequest
+
+if TYPE_CHECKING:
+    from .context.manager import Prepared
+    from .steering import Steer
+
+
+_STREAM_ID_KEY = b'"stream_id"'
+
+
+class RunState(enum.Enum):
+    QUEUED = "queued"  # waiting for its lane and a free slot
+    COMPACTING = "compacting"  # the summarising request of a compaction is running
+    UPSTREAM = "upstream"  # request sent, no event yet
+    STREAMING = "streaming"  # the upstream's events are arriving
+    DONE = "done"
+
+
+_S = RunState
+TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    _S.QUEUED: frozenset({_S.COMPACTING, _S.UPSTREAM, _S.DONE}),
+    _S.COMPACTING: frozenset({_S.UPSTREAM, _S.DONE}),
+    _S.UPSTREAM: frozenset({_S.UPSTREAM, _S.STREAMING, _S.DONE}),
+    _S.STREAMING: frozenset({_S.DONE}),
+    _S.DONE: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """The session tried to move a run along an edge `TRANSITIONS` does not have: a bug."""
+
+    def __init__(self, run_id: int, old: RunState, new: RunState) -> None:
+        super().__init__(f"run {run_id}: illegal transition {old.name} -> {new.name}")
+        self.run_id = run_id
+        self.old = old
+        self.new = new
+
+
+@dataclass(eq=False)
+class Run:
+    id: int
+    req: CreateRequest
+    state: RunState = RunState.QUEUED
+    pinned: str | None = None  # parent id pinned in the cache while queued
+    parent: CachedResponse | None = None
+    native: bool = False  # sent with the upstream's own previous_response_id
+    stream: StreamTranslator | None = None
+    steers: list[Steer] = field(default_factory=list)  # accepted, not yet applied
+    applies: list[Steer] = field(default_factory=list)  # steers whose input this run carries
+    seq_offset: int = 0  # events the proxy inserted into this response's stream
+    context: Prepared | None = None  # the prepared upstream input (ContextManager)
+
+    def move(self, new: RunState) -> None:
+        """The one way a run changes state (called once per change, never per event)."""
+        if new not in TRANSITIONS[self.state]:
+            raise IllegalTransition(self.id, self.state, new)
+        self.state = new
+
+    @property
+    def announced(self) -> bool:
+        """The client saw this run's `response.created`."""
+        return self.stream is not None and self.stream.response is not None
+
+    def next_seq(self) -> int:
+        """The sequence number of the next event the proxy writes into this run's stream."""
+        assert self.stream is not None
+        return self.stream.last_seq + self.seq_offset + 1
+
+    def lane_frame(self, frame: bytes) -> bytes:
+        """An upstream event as the client gets it: on the run's lane, its number shifted
+        past the events the proxy inserted (steer events, PROTOCOL 2.2). Per event: cheap
+        when there is no lane and no offset."""
+        if self.seq_offset:
+            ev = wire.loads(frame)
+            if isinstance(ev.get("sequence_number"), int):
+                ev["sequence_number"] += self.seq_offset
+            frame = wire.dumps(ev)
+        lane = self.req.lane
+        if lane is None:
+            return frame
+        return wire.with_field(frame, _STREAM_ID_KEY, wire.dumps(lane))
+
+
+def streaming(runs: Iterable[Run], response_id: str) -> Run | None:
+    """The STREAMING run whose response is `response_id` (what steer and cancel target)."""
+    for run in runs:
+        stream = run.stream
+        if run.state is RunState.STREAMING and stream and stream.response_id == response_id:
+            return run
+    return None
+
+
+def cancel_target(runs: Iterable[Run], response_id: object, lane: str | None) -> Run:
+    """The run a `response.cancel` names (PROTOCOL 2.4, 10.1): the streaming response
+    `response_id`, or without one the run in flight on `lane`. Raises ClientError."""
+    if response_id is not None and not isinstance(response_id, str):
+        raise ClientError(
+            "'response_id' must be a string.", code="invalid_type", param="response_id"
+        )
+    if response_id:
+        run = streaming(runs, response_id)
+    else:
+        run = next((r for r in runs if r.req.lane == lane and r.state is not RunState.QUEUED), None)
+    if run is None:
+        what = f"Response '{response_id}' is" if response_id else "No response is"
+        raise ClientError(
+            f"{what} not in progress on this connection.",
+            code="response_not_found",
+            param="response_id" if response_id else None,
+        )
+    return run
+
+
+__all__ = [
+    "TRANSITIONS",
+    "IllegalTransition",
+    "Run",
+    "RunState",
+    "cancel_target",
+    "streaming",
+]
