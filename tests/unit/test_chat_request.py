@@ -348,7 +348,7 @@ def _turns() -> list[list[bytes]]:
 
 
 def test_history_translation_is_memoised_per_item_and_resumed_per_conversation() -> None:
-    memo_on, memo_off = ChatDialect(), ChatDialect(ChatOptions(memo_bytes=0))
+    memo_on, memo_off = ChatDialect(), ChatDialect(ChatOptions(translation_cache_bytes=0))
     for items in _turns():
         fresh = b"".join(memo_off.body({"model": "m"}, {}, items))
         assert b"".join(memo_on.body({"model": "m"}, {}, items)) == fresh
@@ -359,7 +359,7 @@ def test_history_translation_is_memoised_per_item_and_resumed_per_conversation()
 
 
 def test_forks_and_retries_translate_correctly() -> None:
-    dialect, fresh = ChatDialect(), ChatDialect(ChatOptions(memo_bytes=0))
+    dialect, fresh = ChatDialect(), ChatDialect(ChatOptions(translation_cache_bytes=0))
     parent = _turns()[3]
     for child in ("a", "b", "a"):  # two forks of one parent, then a retry of the first
         items = [*parent, orjson.dumps(user(child))]
@@ -373,20 +373,20 @@ def test_forks_and_retries_translate_correctly() -> None:
 
 
 def test_memo_is_bounded_by_bytes() -> None:
-    dialect = ChatDialect(ChatOptions(memo_bytes=1000))
+    dialect = ChatDialect(ChatOptions(translation_cache_bytes=1000))
     memo = dialect.memo
     items = [orjson.dumps(user(f"{i:03d}" + "x" * 90)) for i in range(30)]
     b"".join(dialect.body({"model": "m"}, {}, items))
     assert memo.nbytes <= 1000 and 0 < len(memo) < 30
     assert memo.checkpoints == 0  # the 3 kB conversation does not fit: never held
-    assert memo.nbytes == sum(len(k) + len(v.data) for k, v in memo._lru.items())
+    assert memo.nbytes == sum(len(k) + len(v.data) for k, v in memo._items.items())
     assert memo.get(items[-1]) is not None and memo.get(items[0]) is None  # LRU order
     huge = orjson.dumps(user("y" * 5000))
     b"".join(dialect.body({"model": "m"}, {}, [huge]))
     assert memo.get(huge) is None and memo.nbytes <= 1000  # larger than the budget: not held
-    small = ChatDialect(ChatOptions(memo_bytes=10_000))
+    small = ChatDialect(ChatOptions(translation_cache_bytes=10_000))
     for items in _turns():
         b"".join(small.body({"model": "m"}, {}, items))
-        charged = sum(len(k) + len(v.data) for k, v in small.memo._lru.items())
-        charged += sum(cp.nbytes for cp in small.memo._cps.keys())  # noqa: SIM118 (an LRU)
+        charged = sum(len(k) + len(v.data) for k, v in small.memo._items.items())
+        charged += sum(cp.nbytes for cp in small.memo._cps)
         assert small.memo.nbytes == charged <= 10_000

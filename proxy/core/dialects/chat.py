@@ -33,7 +33,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from .. import wire
-from ..api_objects import response_object
+from ..api_objects import count, response_object, usage_of
 from ..errors import UpstreamError
 from ..ids import new_id as mint_id
 from ..sse import SSEEvent
@@ -56,27 +56,16 @@ _FINISH: dict[str, tuple[str, str | None]] = {
 
 
 def map_usage(usage: dict[str, Any]) -> dict[str, Any]:
-    """Chat usage -> Responses usage (PROTOCOL 8.4)."""
-
-    def num(d: Any, key: str) -> int:
-        v = d.get(key) if isinstance(d, dict) else None
-        return v if isinstance(v, int) and not isinstance(v, bool) else 0
-
-    prompt = num(usage, "prompt_tokens")
-    completion = num(usage, "completion_tokens")
-    total = num(usage, "total_tokens") or prompt + completion
-    return {
-        "input_tokens": prompt,
-        "input_tokens_details": {
-            "cached_tokens": num(usage.get("prompt_tokens_details"), "cached_tokens"),
-            "cache_write_tokens": 0,  # Chat reports no cache writes; the SDK's schema needs it
-        },
-        "output_tokens": completion,
-        "output_tokens_details": {
-            "reasoning_tokens": num(usage.get("completion_tokens_details"), "reasoning_tokens")
-        },
-        "total_tokens": total,
-    }
+    """Chat usage -> Responses usage (PROTOCOL 8.4). Chat reports no cache writes: 0."""
+    prompt = count(usage, "prompt_tokens")
+    completion = count(usage, "completion_tokens")
+    return usage_of(
+        prompt,
+        completion,
+        cached=count(usage.get("prompt_tokens_details"), "cached_tokens"),
+        reasoning=count(usage.get("completion_tokens_details"), "reasoning_tokens"),
+        total=count(usage, "total_tokens") or prompt + completion,
+    )
 
 
 def namespace_names(tools: Any) -> dict[str, tuple[str, str]]:
@@ -322,7 +311,7 @@ class ChatDialect:
         new_id: Callable[[str], str] = mint_id,
     ) -> None:
         self.options = options or ChatOptions()
-        self.memo = TranslationMemo(self.options.memo_bytes)
+        self.memo = TranslationMemo(self.options.translation_cache_bytes)
         self._clock = clock
         self._new_id = new_id
 

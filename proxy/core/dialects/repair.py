@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..api_objects import TERMINAL_TYPES, response_object
+from ..api_objects import TERMINAL_TYPES, count, response_object, usage_of
 from ..errors import UpstreamError
 from .builder import BuiltStream, OutputBuilder
 
@@ -54,26 +54,19 @@ _IGNORED = frozenset(
 
 
 def fill_usage(usage: Any) -> dict[str, Any] | None:
+    """The upstream's usage with every field the shape needs (missing ones 0)."""
     if not isinstance(usage, dict):
         return None
-
-    def num(d: Any, key: str) -> int:
-        v = d.get(key) if isinstance(d, dict) else None
-        return v if isinstance(v, int) and not isinstance(v, bool) else 0
-
-    inp, out = num(usage, "input_tokens"), num(usage, "output_tokens")
-    return {
-        "input_tokens": inp,
-        "input_tokens_details": {
-            "cached_tokens": num(usage.get("input_tokens_details"), "cached_tokens"),
-            "cache_write_tokens": num(usage.get("input_tokens_details"), "cache_write_tokens"),
-        },
-        "output_tokens": out,
-        "output_tokens_details": {
-            "reasoning_tokens": num(usage.get("output_tokens_details"), "reasoning_tokens")
-        },
-        "total_tokens": num(usage, "total_tokens") or inp + out,
-    }
+    inp, out = count(usage, "input_tokens"), count(usage, "output_tokens")
+    details = usage.get("input_tokens_details")
+    return usage_of(
+        inp,
+        out,
+        cached=count(details, "cached_tokens"),
+        cache_write=count(details, "cache_write_tokens"),
+        reasoning=count(usage.get("output_tokens_details"), "reasoning_tokens"),
+        total=count(usage, "total_tokens") or inp + out,
+    )
 
 
 def _item_texts(item: dict[str, Any]) -> list[tuple[str, str]]:
