@@ -1,16 +1,18 @@
 """`ByteLRU`: a map that forgets its least recently used entries to stay within a byte budget.
 
-The proxy keeps several memos whose only bound is memory: the Chat dialect's translations
-(proxy/core/dialects/chat_request.py), the opened compaction items (proxy/core/context/
-manager.py), the sidecar's chains (proxy/sidecar/chains.py). Each entry is charged the bytes
-its caller says it holds; `put` evicts from the least recently used end until the total is
-within `max_bytes` (and the count within `max_entries`, when set).
+The proxy keeps memos whose only bound is memory: the Chat dialect's translations and
+checkpoints (proxy/core/dialects/chat_request.py) and the opened compaction items
+(proxy/core/context/manager.py). Each entry is charged the bytes its caller says it holds;
+`put` evicts from the least recently used end until the total is within `max_bytes` (and
+the count within `max_entries`, when set).
 
-The response cache (proxy/core/conversation.py) is not one of these: its entries share
-segments, so bytes belong to segments rather than entries, and pinned entries must stay.
+Not here, on purpose: the response cache (proxy/core/conversation.py), whose entries share
+segments (bytes belong to segments, not entries), whose pinned entries must stay, and whose
+budget is shared by every connection; and the sidecar's chain memory
+(proxy/sidecar/chains.py), bounded by counts only, which lru-dict does natively.
 
 On `collections.OrderedDict` rather than lru-dict: a micro-benchmark of these operations
-(put, get, put with eviction) measured the same or faster, and it is typed.
+(put, get, put with eviction) measured it as fast or faster, and it is typed.
 """
 
 from __future__ import annotations

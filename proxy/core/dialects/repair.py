@@ -23,12 +23,11 @@ upstream's response and item ids:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
-from ..api_objects import TERMINAL_TYPES, count, response_object, usage_of
+from ..api_objects import TERMINAL_TYPES, count, usage_of
 from ..errors import UpstreamError
-from .builder import BuiltStream, OutputBuilder
+from .builder import BuiltStream
 
 log = logging.getLogger("wsmode.upstream")
 
@@ -90,24 +89,6 @@ def _item_texts(item: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 class ResponsesRepair(BuiltStream):
-    def __init__(
-        self,
-        request: dict[str, Any],
-        patch: dict[str, Any],
-        *,
-        clock: Callable[[], float],
-        new_id: Callable[[str], str],
-    ) -> None:
-        self._request = request
-        self._patch = patch
-        self._clock = clock
-        self._new_id = new_id
-        self._builder: OutputBuilder | None = None
-        self.response_id: str | None = None
-        self.response: dict[str, Any] | None = None
-        self.outcome: str | None = None
-        self.output: list[Any] = []
-
     def feed_event(self, ev: dict[str, Any]) -> list[bytes]:
         kind = ev.get("type")
         out = self._start(ev.get("response"))
@@ -164,18 +145,7 @@ class ResponsesRepair(BuiltStream):
         up = upstream if isinstance(upstream, dict) else {}
         rid = up["id"] if isinstance(up.get("id"), str) else self._new_id("resp")
         created = up.get("created_at")
-        resp = response_object(
-            response_id=rid,
-            request=self._request,
-            status="in_progress",
-            created_at=created if isinstance(created, int) else int(self._clock()),
-        )
-        resp.update(self._patch)
-        if isinstance(up.get("model"), str) and up["model"]:
-            resp["model"] = up["model"]
-        self.response_id, self.response = rid, resp
-        self._builder = OutputBuilder(resp, self._new_id)
-        return self._builder.start()
+        return self._begin(rid, created if isinstance(created, int) else None, up.get("model"))
 
     def _text(self, part_kind: str, delta: str, item_id: Any) -> list[bytes]:
         b = self._builder
@@ -265,13 +235,5 @@ class ResponsesRepair(BuiltStream):
         if status == "incomplete" and not isinstance(reason, str):
             reason = "max_output_tokens"
         completed_at = up.get("completed_at")
-        events, final = b.finish(
-            status,
-            usage=usage,
-            completed_at=completed_at if isinstance(completed_at, int) else int(self._clock()),
-            incomplete_reason=reason if status == "incomplete" else None,
-        )
-        self.response = final
-        self.output = final["output"]
-        self.outcome = status
-        return out + events
+        done_at = completed_at if isinstance(completed_at, int) else None
+        return out + self._end(status, usage, done_at, reason if status == "incomplete" else None)
