@@ -18,7 +18,7 @@ On `collections.OrderedDict` rather than lru-dict: a micro-benchmark of these op
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -30,23 +30,16 @@ class ByteLRU(Generic[K, V]):
 
     `get` makes an entry the most recently used, `peek` does not. A value larger than
     `max_bytes` on its own is refused by `put` (returns False) and nothing changes, so one
-    huge entry never empties the map. `on_evict` is called for entries evicted to make room,
-    not for those taken out with `pop` or replaced by `put`.
+    huge entry never empties the map.
     """
 
-    __slots__ = ("_entries", "_on_evict", "evictions", "max_bytes", "max_entries", "nbytes")
+    __slots__ = ("_entries", "evictions", "max_bytes", "max_entries", "nbytes")
 
-    def __init__(
-        self,
-        max_bytes: int,
-        max_entries: int | None = None,
-        on_evict: Callable[[K, V], None] | None = None,
-    ) -> None:
+    def __init__(self, max_bytes: int, max_entries: int | None = None) -> None:
         self.max_bytes = max_bytes
         self.max_entries = max_entries
         self.nbytes = 0
         self.evictions = 0
-        self._on_evict = on_evict
         self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()  # least recent first
 
     def __len__(self) -> int:
@@ -102,11 +95,9 @@ class ByteLRU(Generic[K, V]):
 
     def evict_oldest(self) -> None:
         """Evict the least recently used entry (the map must not be empty)."""
-        key, (value, nbytes) = self._entries.popitem(last=False)
+        _, (_, nbytes) = self._entries.popitem(last=False)
         self.nbytes -= nbytes
         self.evictions += 1
-        if self._on_evict is not None:
-            self._on_evict(key, value)
 
     def clear(self) -> None:
         self._entries.clear()

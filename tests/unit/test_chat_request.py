@@ -7,7 +7,13 @@ from typing import Any
 import orjson
 import pytest
 from wsmode.core.dialects.chat import ChatDialect
-from wsmode.core.dialects.chat_request import ChatOptions
+from wsmode.core.dialects.chat_request import (
+    Assembly,
+    ChatOptions,
+    Checkpoint,
+    Piece,
+    TranslationMemo,
+)
 from wsmode.core.errors import ClientError
 
 WEATHER = {
@@ -390,3 +396,22 @@ def test_memo_is_bounded_by_bytes() -> None:
         charged = sum(len(k) + len(v.data) for k, v in small.memo._items.items())
         charged += sum(cp.nbytes for cp in small.memo._cps)
         assert small.memo.nbytes == charged <= 10_000
+
+
+def test_memo_evicts_checkpoints_before_items() -> None:
+    """One budget for both layers: checkpoints go first, oldest first; a checkpoint that
+    does not fit beside the items is not held, and no item is evicted for it."""
+    memo = TranslationMemo(100)
+    for k in (b"a" * 10, b"b" * 10):
+        memo.put(k, Piece(0, b"x" * 10))  # 2 items, 40 bytes
+    old, new = (Checkpoint((k,), Assembly([]), 25) for k in (b"o", b"n"))
+    memo.checkpoint(old)
+    memo.checkpoint(new)
+    assert memo.nbytes == 90 and memo.checkpoints == 2
+    memo.put(b"c" * 10, Piece(0, b"x"))  # 11 bytes more: the older checkpoint goes
+    assert memo.checkpoints == 1 and memo.resume([b"o"]) is None
+    assert memo.resume([b"n"]) is new and memo.nbytes == 51 and len(memo) == 3
+    memo.checkpoint(Checkpoint((b"big",), Assembly([]), 60))  # 51 + 60 > 100: not held
+    assert memo.checkpoints == 0 and memo.nbytes == 51 and len(memo) == 3
+    memo.put(b"d" * 10, Piece(0, b"x" * 50))  # 60 more: the oldest item goes
+    assert memo.get(b"a" * 10) is None and memo.nbytes == 91 and len(memo) == 3

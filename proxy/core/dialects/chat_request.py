@@ -118,7 +118,7 @@ class TranslationMemo:
         self.misses = 0
         self.resumed = 0  # bodies that started from a checkpoint
         self._items: ByteLRU[bytes, Piece] = ByteLRU(max_bytes)
-        self._cps: ByteLRU[Checkpoint, None] = ByteLRU(max_bytes, on_evict=self._unlink)
+        self._cps: ByteLRU[Checkpoint, None] = ByteLRU(max_bytes)
         self._by_first: dict[bytes, list[Checkpoint]] = {}
 
     def __len__(self) -> int:
@@ -165,10 +165,12 @@ class TranslationMemo:
     def checkpoint(self, cp: Checkpoint) -> None:
         if not cp.prefix or cp.nbytes > self.max_bytes:
             return
+        # older checkpoints make room; items are not evicted for one
+        self._drop_checkpoints(self.max_bytes - cp.nbytes)
+        if self.nbytes + cp.nbytes > self.max_bytes:
+            return
         self._cps.put(cp, None, cp.nbytes)
         self._by_first.setdefault(cp.prefix[0], []).append(cp)
-        # over budget: older checkpoints go, then this one (items are not evicted for it)
-        self._drop_checkpoints(self.max_bytes)
 
     @property
     def checkpoints(self) -> int:
@@ -176,9 +178,6 @@ class TranslationMemo:
 
     def _drop(self, cp: Checkpoint) -> None:
         self._cps.pop(cp)
-        self._unlink(cp, None)
-
-    def _unlink(self, cp: Checkpoint, _: None) -> None:
         siblings = self._by_first[cp.prefix[0]]
         siblings.remove(cp)
         if not siblings:
