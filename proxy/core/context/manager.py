@@ -215,8 +215,8 @@ class ContextManager:
         found = self._opened.get(key)
         if found is None:
             found = open_item(self.sealer, item, owner)
-            size = len(key[1]) + sum(len(i) for i in (*found.head, *found.tail))
-            self._opened.put(key, found, size + len(found.summary))
+            expansion = sum(len(i) for i in (*found.head, *found.tail)) + len(found.summary)
+            self._opened.put(key, found, len(key[1]) + expansion)  # the token and what it opens to
         return found
 
     def _render(self, items: tuple[bytes, ...], owner: str) -> TokenCounts:
