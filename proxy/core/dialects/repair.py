@@ -68,10 +68,15 @@ def fill_usage(usage: Any) -> dict[str, Any] | None:
     )
 
 
+def _as_list(value: Any) -> list[Any]:
+    """An upstream's array, or nothing when it sent something else (never a crash)."""
+    return value if isinstance(value, list) else []
+
+
 def _item_texts(item: dict[str, Any]) -> list[tuple[str, str]]:
     """(part kind, text) of a finished message or reasoning item."""
     out: list[tuple[str, str]] = []
-    for part in item.get("content") or []:
+    for part in _as_list(item.get("content")):
         if not isinstance(part, dict):
             continue
         kind = part.get("type")
@@ -82,7 +87,7 @@ def _item_texts(item: dict[str, Any]) -> list[tuple[str, str]]:
         elif kind == "reasoning_text":
             out.append(("reasoning_text", str(part.get("text") or "")))
     if item.get("type") == "reasoning" and not out:
-        summary = item.get("summary") or []
+        summary = _as_list(item.get("summary"))
         text = "".join(str(s.get("text") or "") for s in summary if isinstance(s, dict))
         out.append(("reasoning_text", text))
     return out
@@ -217,7 +222,7 @@ class ResponsesRepair(BuiltStream):
                 code=code if isinstance(code, str) else "server_error",
             )
         out: list[bytes] = []
-        for item in up.get("output") or []:  # items (or their tails) only the final object has
+        for item in _as_list(up.get("output")):  # items (or their tails) only the final has
             if isinstance(item, dict):
                 out += self._item_done(item)
         usage = fill_usage(up.get("usage"))
