@@ -12,13 +12,13 @@ import time
 from dataclasses import dataclass
 
 from .config import Settings
-from .core.context.manager import ContextManager, ContextSettings
+from .core.context.manager import ContextManager
 from .core.context.sealing import Sealer, decode_key, new_key
+from .core.context.settings import ContextSettings
 from .core.conversation import CacheBudget, ResponseCache
 from .core.dialects import Dialect
 from .core.dialects.auto import AutoDialect
 from .core.dialects.chat import ChatDialect
-from .core.dialects.chat_request import ChatOptions
 from .core.dialects.responses import ResponsesDialect
 from .core.ids import new_id
 from .core.session import Session, SessionLimits, UpstreamPolicy
@@ -59,7 +59,7 @@ class Core:
 
 
 def build_core(settings: Settings) -> Core:
-    lim, st, c = settings.limits, settings.store, settings.cache
+    st, c = settings.store, settings.cache
     return Core(
         settings=settings,
         policy=UpstreamPolicy(
@@ -67,13 +67,7 @@ def build_core(settings: Settings) -> Core:
             store=settings.upstream.store,
             native_previous_response_id=settings.upstream.native_previous_response_id,
         ),
-        limits=SessionLimits(
-            max_active=lim.max_active_per_connection,
-            max_lanes=lim.max_lanes_per_connection,
-            max_queued=lim.max_queued_per_connection,
-            steering=lim.steering,
-            max_pending_steers=lim.max_pending_steers,
-        ),
+        limits=settings.limits,
         cache_budget=CacheBudget(c.process_max_entries, c.process_max_bytes),
         store=(
             MemoryStore(st.max_entries, st.max_bytes, st.ttl_seconds, time.time)
@@ -85,15 +79,8 @@ def build_core(settings: Settings) -> Core:
 
 
 def make_dialect(settings: Settings) -> Dialect:
-    c = settings.chat
-    options = ChatOptions(
-        system_role=c.system_role,
-        reasoning=c.reasoning,
-        strict_tools=c.strict_tools,
-        memo_bytes=c.translation_cache_bytes,
-    )
     responses = ResponsesDialect(clock=time.time, new_id=new_id)
-    chat = ChatDialect(options, clock=time.time, new_id=new_id)
+    chat = ChatDialect(settings.chat, clock=time.time, new_id=new_id)
     api = settings.upstream.api
     if api == "chat":
         return chat
@@ -103,7 +90,7 @@ def make_dialect(settings: Settings) -> Dialect:
 
 
 def build_context(settings: Settings) -> ContextManager | None:
-    c, t = settings.compaction, settings.tokens
+    c = settings.compaction
     if not c.enabled:
         return None
     if c.key:
@@ -115,15 +102,5 @@ def build_context(settings: Settings) -> ContextManager | None:
             "start-up, so items handed out now stop working after a restart and on other "
             "replicas"
         )
-    return ContextManager(
-        ContextSettings(
-            context_window=settings.upstream.context_window,
-            output_reserve=t.output_reserve,
-            bytes_per_token=t.bytes_per_token,
-            keep_recent_fraction=c.keep_recent_fraction,
-            summary_max_output_tokens=c.summary_max_output_tokens,
-            expansion_cache_bytes=c.expansion_cache_bytes,
-            tokenize=bool(t.tokenize_url),
-        ),
-        Sealer(key),
-    )
+    window = settings.upstream.context_window
+    return ContextManager(ContextSettings(settings.tokens, c, window), Sealer(key))

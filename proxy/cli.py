@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 from aiohttp import web
@@ -12,12 +13,21 @@ from aiohttp import web
 from . import __version__
 from .config import ConfigError, Settings, load_settings
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
 
 def _settings(config: str | None, overrides: dict[str, Any]) -> Settings:
     try:
         return load_settings(config, os.environ, overrides)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
+
+
+def _config_option(help: str) -> Callable[[_F], _F]:
+    """`--config FILE`, also `WSMODE_CONFIG`: the same option on every command."""
+    path = click.Path(exists=True, dir_okay=False)
+    text = f"{help} [WSMODE_CONFIG]"
+    return click.option("--config", "config", envvar="WSMODE_CONFIG", type=path, help=text)
 
 
 # Every key of the config file is also a flag: --set section.key=value (repeatable).
@@ -61,13 +71,7 @@ def main() -> None:
     help="Base URL of the model server, e.g. http://127.0.0.1:8081/v1. Without it the "
     "built-in simulated model is fronted. [WSMODE_UPSTREAM]",
 )
-@click.option(
-    "--config",
-    "config",
-    envvar="WSMODE_CONFIG",
-    type=click.Path(exists=True, dir_okay=False),
-    help="TOML config file (see config/wsmode.example.toml). [WSMODE_CONFIG]",
-)
+@_config_option("TOML config file (see config/wsmode.example.toml).")
 @click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR. [WSMODE_SERVER_LOG_LEVEL]")
 @click.option(
     "--log-format",
@@ -124,13 +128,7 @@ def _check_runtime(settings: Settings) -> None:
 
 
 @main.command("check-config")
-@click.option(
-    "--config",
-    "config",
-    envvar="WSMODE_CONFIG",
-    type=click.Path(exists=True, dir_okay=False),
-    help="TOML config file to check. [WSMODE_CONFIG]",
-)
+@_config_option("TOML config file to check.")
 @SET_OPTION
 def check_config(config: str | None, sets: tuple[str, ...]) -> None:
     """Validate the configuration (file + WSMODE_* variables) and print the effective
@@ -175,13 +173,7 @@ def _toml(doc: dict[str, dict[str, Any]]) -> str:
 )
 @click.option("--host", help="Address to listen on (default 127.0.0.1). [WSMODE_SIDECAR_HOST]")
 @click.option("--port", type=int, help="Port to listen on (default 8090). [WSMODE_SIDECAR_PORT]")
-@click.option(
-    "--config",
-    "config",
-    envvar="WSMODE_CONFIG",
-    type=click.Path(exists=True, dir_okay=False),
-    help="TOML config file, section [sidecar] (see config/wsmode.example.toml). [WSMODE_CONFIG]",
-)
+@_config_option("TOML config file, section [sidecar] (see config/wsmode.example.toml).")
 @click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR. [WSMODE_SERVER_LOG_LEVEL]")
 def sidecar(
     upstream: str | None,

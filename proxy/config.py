@@ -1,5 +1,11 @@
 """Settings: frozen dataclasses, filled by one pure loader.
 
+A section the core reads is the core's own dataclass, so its defaults are written once:
+[limits] is `SessionLimits` (proxy/core/session.py), [tokens] and [compaction] are
+proxy/core/context/settings.py's, [chat] is `ChatOptions` (proxy/core/dialects/
+chat_request.py). Their checks run when they are built and raise `ValueError`, which the
+loader reports as `ConfigError`.
+
 Precedence, lowest first: the defaults below < the TOML file (`--config`, `WSMODE_CONFIG`)
 < `WSMODE_<SECTION>_<KEY>` environment variables < command-line flags. The flags of
 `wsmode serve` also have short environment names: `WSMODE_HOST`, `WSMODE_PORT`,
@@ -18,7 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .core.context.sealing import decode_key
+from .core.context.settings import CompactionSettings, TokensSettings
+from .core.dialects.chat_request import ChatOptions
+from .core.session import SessionLimits
 from .sim.settings import SimSettings
 
 MiB = 1024 * 1024
@@ -68,26 +76,6 @@ class UpstreamSettings:
     context_window: int = 0  # tokens; 0 = unknown (no truncation, no overflow check)
 
 
-# ---- [chat]: the Chat Completions dialect (issue 3) ----
-@dataclass(frozen=True, slots=True)
-class ChatSettings:
-    system_role: str = "system"  # or "developer": the role `instructions` are sent in
-    reasoning: str = "drop"  # or the Chat field reasoning items go in: reasoning_content, reasoning
-    strict_tools: bool = False  # reject hosted tools instead of dropping them
-    translation_cache_bytes: int = 128 * MiB  # memo of translated history items
-
-    def __post_init__(self) -> None:
-        if self.system_role not in ("system", "developer"):
-            raise ConfigError("chat.system_role must be system or developer")
-        if self.reasoning not in ("drop", "reasoning_content", "reasoning"):
-            raise ConfigError("chat.reasoning must be drop, reasoning_content or reasoning")
-        if self.translation_cache_bytes < 0:
-            raise ConfigError("translation_cache_bytes must not be negative")
-
-
-# ---- end [chat] ----
-
-
 @dataclass(frozen=True, slots=True)
 class CacheSettings:
     connection_max_entries: int = 1024
@@ -102,34 +90,6 @@ class StoreSettings:
     max_entries: int = 100_000
     max_bytes: int = 1024 * MiB
     ttl_seconds: float = 86_400.0
-
-
-@dataclass(frozen=True, slots=True)
-class LimitsSettings:
-    max_active_per_connection: int = 16
-    max_lanes_per_connection: int = 32
-    max_queued_per_connection: int = 256
-    steering: bool = True
-    max_pending_steers: int = 8
-
-
-@dataclass(frozen=True, slots=True)
-class TokensSettings:
-    # "auto": POST /tokenize at the upstream URL's origin (llama.cpp, vLLM); "": estimates
-    # only; or a full URL
-    tokenize_url: str = "auto"
-    bytes_per_token: float = 4.0  # the estimate without a tokenizer
-    output_reserve: int = 1024  # kept free for output under truncation "auto"
-    max_pending_jobs: int = 1024  # tokenizer jobs waiting; beyond, estimates stay
-
-
-@dataclass(frozen=True, slots=True)
-class CompactionSettings:
-    enabled: bool = True  # false: context_management and /responses/compact go upstream as-is
-    key: str = ""  # base64, 32-64 bytes; empty: generated at start-up (not kept)
-    keep_recent_fraction: float = 0.25  # of the threshold, kept verbatim after compacting
-    summary_max_output_tokens: int = 2048
-    expansion_cache_bytes: int = 64 * MiB  # opened compaction items kept in memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,14 +133,14 @@ class Settings:
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
-    limits: LimitsSettings = field(default_factory=LimitsSettings)
+    limits: SessionLimits = field(default_factory=SessionLimits)
     tokens: TokensSettings = field(default_factory=TokensSettings)
     compaction: CompactionSettings = field(default_factory=CompactionSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     usage: UsageSettings = field(default_factory=UsageSettings)
     sim: SimSettings = field(default_factory=SimSettings)
     sidecar: SidecarSettings = field(default_factory=SidecarSettings)
-    chat: ChatSettings = field(default_factory=ChatSettings)
+    chat: ChatOptions = field(default_factory=ChatOptions)
 
 
 # Short environment names for the flags of `wsmode serve`.
@@ -278,7 +238,10 @@ def load_settings(
             if key not in names:
                 raise ConfigError(f"unknown config key {section}.{key}")
             values[key] = _coerce(section, key, value, _field_type(cls, key))
-        built[section] = cls(**values)
+        try:
+            built[section] = cls(**values)
+        except ValueError as exc:  # a section's own checks (`__post_init__`)
+            raise ConfigError(str(exc)) from None
     settings = Settings(**built)
     _validate(settings)
     return settings
@@ -314,28 +277,6 @@ def _validate(s: Settings) -> None:
             value = getattr(section, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
                 raise ConfigError(f"{f.name} must not be negative")
-    _validate_context(s)
-
-
-def _validate_context(s: Settings) -> None:
-    """[tokens] and [compaction] (PROTOCOL 7)."""
-    t, c = s.tokens, s.compaction
-    url = t.tokenize_url
-    if url not in ("", "auto") and not url.startswith(("http://", "https://")):
-        raise ConfigError('tokens.tokenize_url must be "", "auto" or an http(s) URL')
-    if t.bytes_per_token <= 0:
-        raise ConfigError("tokens.bytes_per_token must be positive")
-    if t.output_reserve < 0 or t.max_pending_jobs < 0:
-        raise ConfigError("tokens.output_reserve and tokens.max_pending_jobs must not be negative")
-    if not 0 <= c.keep_recent_fraction < 1:
-        raise ConfigError("compaction.keep_recent_fraction must be at least 0 and below 1")
-    if c.summary_max_output_tokens < 1:
-        raise ConfigError("compaction.summary_max_output_tokens must be positive")
-    if c.key:
-        try:
-            decode_key(c.key)
-        except ValueError as exc:
-            raise ConfigError(f"compaction.key: {exc}") from None
 
 
 def as_dict(settings: Settings) -> dict[str, Any]:

@@ -26,13 +26,13 @@ import random
 import statistics
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
 import orjson
 
-from .clients import http_turn, ws_connect, ws_turn
+from .clients import Turn, http_turn, ws_connect, ws_turn
 from .link import WAN_HOST, NetemLink, ShimLink
 from .procs import (
     BenchError,
@@ -134,27 +134,39 @@ def _settings() -> dict[str, Any]:
     return {"model": "sim", "tools": TOOLS, "tool_choice": "auto", "store": False}
 
 
+@dataclass
+class _Tally:
+    """One agent loop so far: the conversation, the bytes sent, the model's own time."""
+
+    profile: AgentProfile
+    history: list[Any]
+    sent: int = 0
+    model: float = 0.0
+    t0: float = field(default_factory=time.perf_counter)
+
+    def add(self, turn: Turn, k: int) -> list[Any]:
+        """Count turn `k`; the next input (the tool outputs), empty once the model answered."""
+        self.model += _model_time(self.profile, turn.deltas)
+        new = _next_input(self.profile, turn.response, k)
+        self.history += [*turn.response["output"], *new]
+        return new
+
+    def loop(self, turns: int) -> Loop:
+        seconds = time.perf_counter() - self.t0
+        return Loop(seconds, turns, self.model, self.sent, len(orjson.dumps(self.history)))
+
+
 async def http_loop(url: str, profile: AgentProfile) -> Loop:
     """Full history every turn, one keep-alive connection (opened by the first turn)."""
-    history: list[Any] = [
-        {"type": "message", "role": "user", "content": _text(profile.first_prompt_bytes, 1)}
-    ]
+    first = {"type": "message", "role": "user", "content": _text(profile.first_prompt_bytes, 1)}
     connector = aiohttp.TCPConnector(limit=1)
-    sent = 0
-    model = 0.0
-    t0 = time.perf_counter()
+    tally = _Tally(profile, [first])
     async with aiohttp.ClientSession(connector=connector) as session:
         for k in range(profile.tool_calls + 2):  # bounded: the model answers after tool_calls
-            body = orjson.dumps({**_settings(), "input": history, "stream": True})
-            sent += len(body)
-            turn = await http_turn(session, url, body)
-            model += _model_time(profile, turn.deltas)
-            history += turn.response["output"]
-            new = _next_input(profile, turn.response, k)
-            if not new:
-                seconds = time.perf_counter() - t0
-                return Loop(seconds, k + 1, model, sent, len(orjson.dumps(history)))
-            history += new
+            body = orjson.dumps({**_settings(), "input": tally.history, "stream": True})
+            tally.sent += len(body)
+            if not tally.add(await http_turn(session, url, body), k):
+                return tally.loop(k + 1)
     raise BenchError("the agent loop did not end within its turn bound")
 
 
@@ -162,11 +174,8 @@ async def ws_loop(url: str, profile: AgentProfile) -> Loop:
     """WebSocket mode: the first turn sends the prompt, then only tool outputs."""
     first = {"type": "message", "role": "user", "content": _text(profile.first_prompt_bytes, 1)}
     new: list[Any] = [first]
-    history: list[Any] = [first]
     previous: str | None = None
-    sent = 0
-    model = 0.0
-    t0 = time.perf_counter()
+    tally = _Tally(profile, [first])
     async with aiohttp.ClientSession() as session:
         ws = await ws_connect(session, url)
         try:
@@ -175,16 +184,12 @@ async def ws_loop(url: str, profile: AgentProfile) -> Loop:
                 if previous:
                     create["previous_response_id"] = previous
                 frame = orjson.dumps(create)
-                sent += len(frame)
+                tally.sent += len(frame)
                 turn = await ws_turn(ws, frame)
-                model += _model_time(profile, turn.deltas)
                 previous = turn.response["id"]
-                history += turn.response["output"]
-                new = _next_input(profile, turn.response, k)
+                new = tally.add(turn, k)
                 if not new:
-                    seconds = time.perf_counter() - t0
-                    return Loop(seconds, k + 1, model, sent, len(orjson.dumps(history)))
-                history += new
+                    return tally.loop(k + 1)
         finally:
             await ws.close()
     raise BenchError("the agent loop did not end within its turn bound")

@@ -10,7 +10,7 @@ bytes objects every turn, as the conversation cache holds them):
   resumes, only the new items are walked);
 - chat, memo, forks of 1 parent: every turn a different child of the same parent (only the
   per-item memo helps: every item is walked, none is parsed);
-- chat, no memo: every item parsed and translated every turn (memo_bytes = 0).
+- chat, no memo: every item parsed and translated every turn (translation_cache_bytes = 0).
 """
 
 from __future__ import annotations
@@ -100,13 +100,13 @@ def main() -> None:
             times.append((time.perf_counter() - t0) * 1000)
         return statistics.median(times)
 
-    big = ChatOptions(memo_bytes=256 * 1024 * 1024)
+    big = ChatOptions(translation_cache_bytes=256 * 1024 * 1024)
     forks = [[*base, orjson.dumps({"role": "user", "content": f"fork {k}"})] for k in range(a.runs)]
     rows = [
         ("responses (concatenation)", per_turn(ResponsesDialect(), chain())),
         ("chat, memo, chained turns", per_turn(ChatDialect(big), chain())),
         ("chat, memo, forks of 1 parent", per_turn(ChatDialect(big), forks)),
-        ("chat, no memo", per_turn(ChatDialect(ChatOptions(memo_bytes=0)), chain())),
+        ("chat, no memo", per_turn(ChatDialect(ChatOptions(translation_cache_bytes=0)), chain())),
     ]
     total = sum(len(i) for i in base)
     print(f"history: {len(base)} items, {total / 1e6:.1f} MB; median of {a.runs} turns")

@@ -46,9 +46,16 @@ def _target(
     }
 
 
+def _at_least(bound: float) -> Callable[[float], bool]:
+    return lambda v: v >= bound
+
+
+def _at_most(bound: float) -> Callable[[float], bool]:
+    return lambda v: v <= bound
+
+
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     nan = math.nan
-    out: list[dict[str, Any]] = []
     agent = results.get("agent-loop", {})
     cell = _main_cell(agent)
     speedup = ideal_ratio = nan
@@ -58,148 +65,53 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         http, ws = _median(cell, "http-direct"), _median(cell, "ws-wsmode")
         speedup = http / ws
         ideal_ratio = ws / cell["ideal_s"]
-    out.append(
-        _target(
-            "agent loop: WebSocket mode vs HTTP direct (speed ratio)",
-            ">= 1.40x",
-            speedup,
-            lambda v: v >= 1.40,
-            "x",
-        )
-    )
-    out.append(
-        _target(
-            "agent loop: WebSocket mode vs ideal (time ratio)",
-            "<= 1.10x",
-            ideal_ratio,
-            lambda v: v <= 1.10,
-            "x",
-        )
-    )
     over = results.get("overhead", {})
     row = _closest(over.get("sizes", []), 200 * KIB)
-    out.append(
-        _target(
-            "overhead at 200 KB: added time to first event p50",
-            "<= 0.5 ms",
-            row["ttfe_p50_added_ms"] if row else nan,
-            lambda v: v <= 0.5,
-            "ms",
-        )
-    )
-    out.append(
-        _target(
-            "overhead at 200 KB: added time to first event p99",
-            "<= 2 ms",
-            row["ttfe_p99_added_ms"] if row else nan,
-            lambda v: v <= 2.0,
-            "ms",
-        )
-    )
     build = _closest(over.get("build", []), 4096 * KIB)
-    out.append(
-        _target(
-            "building the upstream body at 4 MB history (p50 CPU)",
-            "<= 0.2 ms",
-            build["p50_ms"] if build else nan,
-            lambda v: v <= 0.2,
-            "ms",
-        )
-    )
     small = min(over.get("build", []), key=lambda r: r["history_bytes"], default=None)
     growth = build["p50_ms"] - small["p50_ms"] if build and small else nan
-    out.append(
-        _target(
-            "building the upstream body: 4 MB minus the smallest history (p50)",
-            "<= 0.05 ms (grows only with new items)",
-            growth,
-            lambda v: v <= 0.05,
-            "ms",
-        )
-    )
     relay = results.get("relay", {})
     fast = {r["connections"]: r for r in relay.get("fast", [])}
     one, many = fast.get(1), fast.get(1000)
-    out.append(
-        _target(
-            "relay, fast upstream, 1 connection",
-            ">= 100,000 events/s",
-            one["events_per_s"] if one else nan,
-            lambda v: v >= 100_000,
-            "events/s",
-        )
-    )
-    out.append(
-        _target(
-            "relay, fast upstream, 1000 connections",
-            ">= 140,000 events/s",
-            many["events_per_s"] if many else nan,
-            lambda v: v >= 140_000,
-            "events/s",
-        )
-    )
     paced = relay.get("paced") or {}
     if paced.get("connections") != 1000:
         paced = {}
-    out.append(
-        _target(
-            "relay, token-paced, 1000 streams",
-            ">= 35,000 events/s",
-            paced.get("events_per_s", nan),
-            lambda v: v >= 35_000,
-            "events/s",
-        )
-    )
-    out.append(
-        _target(
-            "relay, token-paced: proxy CPU per event",
-            "<= 25 us",
-            paced.get("proxy_cpu_us_per_event", nan),
-            lambda v: v <= 25,
-            "us",
-        )
-    )
     lat = relay.get("latency") or {}
-    out.append(
-        _target(
-            "relay, 1 paced stream: added latency per event p50",
-            "<= 0.2 ms",
-            lat.get("p50_added_ms", nan),
-            lambda v: v <= 0.2,
-            "ms",
-        )
-    )
-    out.append(
-        _target(
-            "relay, 1 paced stream: added latency per event p99",
-            "<= 1 ms",
-            lat.get("p99_added_ms", nan),
-            lambda v: v <= 1.0,
-            "ms",
-        )
-    )
     runs = [r for r in results.get("scale", {}).get("runs", []) if "skipped" not in r]
     worst_byte = max((r["rss_per_cached_byte"] for r in runs), default=nan)
     worst_conn = max((r["kb_per_idle_connection"] for r in runs), default=nan)
-    out.append(
-        _target(
-            "memory per cached conversation byte (worst run)",
-            "<= 1.5x",
-            worst_byte,
-            lambda v: v <= 1.5,
-            "x",
-        )
-    )
-    out.append(
-        _target(
-            "memory per idle connection (worst run)",
-            "<= 30 KB",
-            worst_conn,
-            lambda v: v <= 30,
-            "KB",
-        )
-    )
-    return out
+    # (what, the target as shown, the measured value, whether it meets the target, unit)
+    rows: list[tuple[str, str, float, Callable[[float], bool], str]] = [
+        ("agent loop: WebSocket mode vs HTTP direct (speed ratio)", ">= 1.40x",
+         speedup, _at_least(1.40), "x"),
+        ("agent loop: WebSocket mode vs ideal (time ratio)", "<= 1.10x",
+         ideal_ratio, _at_most(1.10), "x"),
+        ("overhead at 200 KB: added time to first event p50", "<= 0.5 ms",
+         row["ttfe_p50_added_ms"] if row else nan, _at_most(0.5), "ms"),
+        ("overhead at 200 KB: added time to first event p99", "<= 2 ms",
+         row["ttfe_p99_added_ms"] if row else nan, _at_most(2.0), "ms"),
+        ("building the upstream body at 4 MB history (p50 CPU)", "<= 0.2 ms",
+         build["p50_ms"] if build else nan, _at_most(0.2), "ms"),
+        ("building the upstream body: 4 MB minus the smallest history (p50)",
+         "<= 0.05 ms (grows only with new items)", growth, _at_most(0.05), "ms"),
+        ("relay, fast upstream, 1 connection", ">= 100,000 events/s",
+         one["events_per_s"] if one else nan, _at_least(100_000), "events/s"),
+        ("relay, fast upstream, 1000 connections", ">= 140,000 events/s",
+         many["events_per_s"] if many else nan, _at_least(140_000), "events/s"),
+        ("relay, token-paced, 1000 streams", ">= 35,000 events/s",
+         paced.get("events_per_s", nan), _at_least(35_000), "events/s"),
+        ("relay, token-paced: proxy CPU per event", "<= 25 us",
+         paced.get("proxy_cpu_us_per_event", nan), _at_most(25), "us"),
+        ("relay, 1 paced stream: added latency per event p50", "<= 0.2 ms",
+         lat.get("p50_added_ms", nan), _at_most(0.2), "ms"),
+        ("relay, 1 paced stream: added latency per event p99", "<= 1 ms",
+         lat.get("p99_added_ms", nan), _at_most(1.0), "ms"),
+        ("memory per cached conversation byte (worst run)", "<= 1.5x",
+         worst_byte, _at_most(1.5), "x"),
+        ("memory per idle connection (worst run)", "<= 30 KB",
+         worst_conn, _at_most(30), "KB"),
+    ]  # fmt: skip
+    return [_target(*r) for r in rows]
 
 
 def table(results: dict[str, Any]) -> str:

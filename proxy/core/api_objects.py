@@ -35,14 +35,59 @@ _ECHOED: dict[str, Any] = {
 }
 
 
-def zero_usage() -> dict[str, Any]:
+def usage_of(
+    input_tokens: int,
+    output_tokens: int,
+    *,
+    cached: int = 0,
+    cache_write: int = 0,
+    reasoning: int = 0,
+    total: int | None = None,
+) -> dict[str, Any]:
+    """The Responses `usage` object, the one place its shape is written: every detail field
+    present (the SDKs' schemas require them), keys in the API's order. `total` defaults to
+    input plus output; a reported total (which may count more) is passed through."""
     return {
-        "input_tokens": 0,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-        "output_tokens": 0,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": 0,
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": cache_write},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning},
+        "total_tokens": input_tokens + output_tokens if total is None else total,
     }
+
+
+def zero_usage() -> dict[str, Any]:
+    return usage_of(0, 0)
+
+
+def count(obj: Any, key: str) -> int:
+    """A token count read from a reported usage object (`obj` may be anything): the value
+    when it is an int, else 0, so a partial or malformed report still gives numbers."""
+    v = obj.get(key) if isinstance(obj, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+_SUMMED = ("input_tokens", "output_tokens", "total_tokens")
+_SUMMED_DETAILS = (
+    ("input_tokens_details", "cached_tokens"),
+    ("output_tokens_details", "reasoning_tokens"),
+)
+
+
+def add_usage(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """`a` plus `b`, field by field; a field either side lacks keeps `a`'s value."""
+    out = dict(a)
+    for key in _SUMMED:
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, int) and isinstance(y, int):
+            out[key] = x + y
+    for outer, inner in _SUMMED_DETAILS:
+        da, db = a.get(outer), b.get(outer)
+        if isinstance(da, dict) and isinstance(db, dict):
+            x, y = da.get(inner), db.get(inner)
+            if isinstance(x, int) and isinstance(y, int):
+                out[outer] = {**da, inner: x + y}
+    return out
 
 
 def response_object(

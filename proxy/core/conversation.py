@@ -13,6 +13,10 @@ Bounds: entries and bytes per connection (`ResponseCache`) and process-wide
 (`CacheBudget`), least recently used evicted first. Entries that a queued request refers to
 are *pinned* and never evicted until unpinned (PROTOCOL 4.4). If the only way to fit is to
 drop the entry just added, `put` says so and the cache is as it was. Memory only.
+
+Because bytes are charged per distinct segment and pinned entries cannot go, this is not
+a `ByteLRU` (proxy/core/lru.py): the recency orders below are plain lru-dict maps (C, on
+every turn's path) and the bounds are enforced here.
 """
 
 from __future__ import annotations
@@ -161,14 +165,18 @@ class ResponseCache:
         self.budget.entries += 1
         self._order[entry.id] = True
         self.budget._touch(self, entry.id)
+        self._shrink()
+        return entry.id in self._entries
+
+    def _shrink(self) -> None:
+        """Evict unpinned entries, least recently used first, until this connection is
+        within its bounds; then bring the process-wide budget within its own."""
         while (self.nbytes > self.max_bytes or len(self._entries) > self.max_entries) and len(
             self._order
         ):
-            victim = self._order.peek_last_item()[0]
-            self.evict(victim)
+            self.evict(self._order.peek_last_item()[0])
             self.evictions += 1
         self.budget.enforce()
-        return entry.id in self._entries
 
     def _fits_beside_pins(self, entry: CachedResponse) -> bool:
         """Whether `entry` fits this connection's bounds next to the pinned entries, which
@@ -218,13 +226,7 @@ class ResponseCache:
         del self._pins[rid]
         self._order[rid] = True
         self.budget._touch(self, rid)
-        # an unpinned entry may now be evictable; bring both budgets back within bounds
-        while (self.nbytes > self.max_bytes or len(self._entries) > self.max_entries) and len(
-            self._order
-        ):
-            self.evict(self._order.peek_last_item()[0])
-            self.evictions += 1
-        self.budget.enforce()
+        self._shrink()  # an unpinned entry may now be evictable
 
     def clear(self) -> None:
         for rid in list(self._entries):

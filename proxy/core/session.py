@@ -83,9 +83,12 @@ _DELIVERED = frozenset({Outcome.COMPLETED, Outcome.INCOMPLETE, Outcome.WARMUP, O
 
 @dataclass(frozen=True, slots=True)
 class SessionLimits:
-    max_active: int = 16  # in-flight responses per connection (PROTOCOL 4.3)
-    max_lanes: int = 32  # distinct named stream_ids per connection
-    max_queued: int = 256  # creates waiting per connection
+    """A connection's limits, and the config's [limits] section as it is (proxy/config.py
+    imports it; field names are the config keys)."""
+
+    max_active_per_connection: int = 16  # in-flight responses (PROTOCOL 4.3)
+    max_lanes_per_connection: int = 32  # distinct named stream_ids
+    max_queued_per_connection: int = 256  # creates waiting
     steering: bool = True  # emulate response.steer (PROTOCOL 2.2)
     max_pending_steers: int = 8  # steers queued on one response (too_many_pending_steers)
 
@@ -266,19 +269,20 @@ class Session:
         try:
             lane = check_stream_id(msg.get("stream_id"))
             new_lane = lane is not None and lane not in self._lanes
-            if new_lane and len(self._lanes) >= self.limits.max_lanes:
+            if new_lane and len(self._lanes) >= self.limits.max_lanes_per_connection:
                 raise ClientError(
-                    f"This connection already uses {self.limits.max_lanes} stream_ids.",
+                    "This connection already uses "
+                    f"{self.limits.max_lanes_per_connection} stream_ids.",
                     code="websocket_stream_limit_reached",
                     param="stream_id",
                 )
             req = parse_create(msg)
             if self.context is not None:
                 self.context.validate(req, self.owner)
-            if len(self._queue) >= self.limits.max_queued:
+            if len(self._queue) >= self.limits.max_queued_per_connection:
                 raise ClientError(
                     f"Too many queued requests on this connection (limit "
-                    f"{self.limits.max_queued}); wait for responses to finish.",
+                    f"{self.limits.max_queued_per_connection}); wait for responses to finish.",
                     code="too_many_queued_requests",
                     status=429,
                     type="rate_limit_error",
@@ -314,7 +318,11 @@ class Session:
         self._scheduling = True
         out: list[Action] = []
         try:
-            while not self.expiring and self._queue and self.active_count < self.limits.max_active:
+            while (
+                not self.expiring
+                and self._queue
+                and self.active_count < self.limits.max_active_per_connection
+            ):
                 for run in self._queue:  # the first queued run of an idle lane is its head
                     if run.req.lane not in self._busy_lanes:
                         break

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
-from ..core.api_objects import response_object
+from ..core.api_objects import response_object, usage_of
 from ..core.ids import new_id
 from .model import Plan
 
@@ -70,19 +70,12 @@ def response_events(body: dict[str, Any], plan: Plan) -> Iterator[dict[str, Any]
             item = yield from _message(ev, index, tokens)
             output.append(item)
         output_tokens = len(plan.tokens)
-    usage = {
-        "input_tokens": plan.input_tokens,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-        "output_tokens": output_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": plan.input_tokens + output_tokens,
-    }
     final = {
         **resp,
         "status": "completed",
         "completed_at": int(time.time()),
         "output": output,
-        "usage": usage,
+        "usage": usage_of(plan.input_tokens, output_tokens),
     }
     yield ev("response.completed", response=final)
 

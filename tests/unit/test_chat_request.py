@@ -7,7 +7,13 @@ from typing import Any
 import orjson
 import pytest
 from wsmode.core.dialects.chat import ChatDialect
-from wsmode.core.dialects.chat_request import ChatOptions
+from wsmode.core.dialects.chat_request import (
+    Assembly,
+    ChatOptions,
+    Checkpoint,
+    Piece,
+    TranslationMemo,
+)
 from wsmode.core.errors import ClientError
 
 WEATHER = {
@@ -348,7 +354,7 @@ def _turns() -> list[list[bytes]]:
 
 
 def test_history_translation_is_memoised_per_item_and_resumed_per_conversation() -> None:
-    memo_on, memo_off = ChatDialect(), ChatDialect(ChatOptions(memo_bytes=0))
+    memo_on, memo_off = ChatDialect(), ChatDialect(ChatOptions(translation_cache_bytes=0))
     for items in _turns():
         fresh = b"".join(memo_off.body({"model": "m"}, {}, items))
         assert b"".join(memo_on.body({"model": "m"}, {}, items)) == fresh
@@ -359,7 +365,7 @@ def test_history_translation_is_memoised_per_item_and_resumed_per_conversation()
 
 
 def test_forks_and_retries_translate_correctly() -> None:
-    dialect, fresh = ChatDialect(), ChatDialect(ChatOptions(memo_bytes=0))
+    dialect, fresh = ChatDialect(), ChatDialect(ChatOptions(translation_cache_bytes=0))
     parent = _turns()[3]
     for child in ("a", "b", "a"):  # two forks of one parent, then a retry of the first
         items = [*parent, orjson.dumps(user(child))]
@@ -373,20 +379,39 @@ def test_forks_and_retries_translate_correctly() -> None:
 
 
 def test_memo_is_bounded_by_bytes() -> None:
-    dialect = ChatDialect(ChatOptions(memo_bytes=1000))
+    dialect = ChatDialect(ChatOptions(translation_cache_bytes=1000))
     memo = dialect.memo
     items = [orjson.dumps(user(f"{i:03d}" + "x" * 90)) for i in range(30)]
     b"".join(dialect.body({"model": "m"}, {}, items))
     assert memo.nbytes <= 1000 and 0 < len(memo) < 30
     assert memo.checkpoints == 0  # the 3 kB conversation does not fit: never held
-    assert memo.nbytes == sum(len(k) + len(v.data) for k, v in memo._lru.items())
+    assert memo.nbytes == sum(len(k) + len(v.data) for k, v in memo._items.items())
     assert memo.get(items[-1]) is not None and memo.get(items[0]) is None  # LRU order
     huge = orjson.dumps(user("y" * 5000))
     b"".join(dialect.body({"model": "m"}, {}, [huge]))
     assert memo.get(huge) is None and memo.nbytes <= 1000  # larger than the budget: not held
-    small = ChatDialect(ChatOptions(memo_bytes=10_000))
+    small = ChatDialect(ChatOptions(translation_cache_bytes=10_000))
     for items in _turns():
         b"".join(small.body({"model": "m"}, {}, items))
-        charged = sum(len(k) + len(v.data) for k, v in small.memo._lru.items())
-        charged += sum(cp.nbytes for cp in small.memo._cps.keys())  # noqa: SIM118 (an LRU)
+        charged = sum(len(k) + len(v.data) for k, v in small.memo._items.items())
+        charged += sum(cp.nbytes for cp in small.memo._cps)
         assert small.memo.nbytes == charged <= 10_000
+
+
+def test_memo_evicts_checkpoints_before_items() -> None:
+    """One budget for both layers: checkpoints go first, oldest first; a checkpoint that
+    does not fit beside the items is not held, and no item is evicted for it."""
+    memo = TranslationMemo(100)
+    for k in (b"a" * 10, b"b" * 10):
+        memo.put(k, Piece(0, b"x" * 10))  # 2 items, 40 bytes
+    old, new = (Checkpoint((k,), Assembly([]), 25) for k in (b"o", b"n"))
+    memo.checkpoint(old)
+    memo.checkpoint(new)
+    assert memo.nbytes == 90 and memo.checkpoints == 2
+    memo.put(b"c" * 10, Piece(0, b"x"))  # 11 bytes more: the older checkpoint goes
+    assert memo.checkpoints == 1 and memo.resume([b"o"]) is None
+    assert memo.resume([b"n"]) is new and memo.nbytes == 51 and len(memo) == 3
+    memo.checkpoint(Checkpoint((b"big",), Assembly([]), 60))  # 51 + 60 > 100: not held
+    assert memo.checkpoints == 0 and memo.nbytes == 51 and len(memo) == 3
+    memo.put(b"d" * 10, Piece(0, b"x" * 50))  # 60 more: the oldest item goes
+    assert memo.get(b"a" * 10) is None and memo.nbytes == 91 and len(memo) == 3

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 from wsmode.config import ConfigError, Settings, load_settings
+from wsmode.core.context.settings import CompactionSettings, TokensSettings
+from wsmode.core.dialects.chat_request import ChatOptions
+from wsmode.core.session import SessionLimits
 
 EXAMPLE = Path(__file__).parents[2] / "config" / "wsmode.example.toml"
 
@@ -26,6 +29,16 @@ def test_example_documents_every_key_with_its_default() -> None:
             value = list(value) if isinstance(value, tuple) else value
             assert table[key] == value, f"{section.name}.{key} default differs"
     assert load_settings(EXAMPLE) == defaults
+
+
+def test_sections_the_core_reads_are_the_core_classes() -> None:
+    """One class per section, so each default is written once and build.py copies nothing."""
+    s = load_settings(None, {"WSMODE_LIMITS_MAX_ACTIVE_PER_CONNECTION": "3"})
+    assert type(s.limits) is SessionLimits and s.limits.max_active_per_connection == 3
+    assert type(s.chat) is ChatOptions and type(s.tokens) is TokensSettings
+    assert type(s.compaction) is CompactionSettings
+    with pytest.raises(ConfigError, match=r"chat\.system_role must be system or developer"):
+        load_settings(None, {}, {"chat.system_role": "user"})
 
 
 def test_precedence_file_env_flags(tmp_path: Path) -> None:

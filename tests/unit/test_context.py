@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 from typing import Any
 
@@ -14,6 +15,7 @@ from wsmode.core.context.manager import (
     SummaryResult,
 )
 from wsmode.core.context.sealing import Sealer
+from wsmode.core.context.settings import TokensSettings
 from wsmode.core.context.tokens import ITEM_OVERHEAD
 from wsmode.core.conversation import EMPTY, CachedResponse, Segment
 from wsmode.core.dialects.responses import ResponsesDialect
@@ -26,8 +28,27 @@ SEALER = Sealer(bytes(range(32)))
 OWNER = "owner-a"
 
 
+def adjusted(settings: ContextSettings, **kw: Any) -> ContextSettings:
+    """`settings` with each key of `kw` changed in the section that has it ([tokens],
+    [compaction], or the window itself)."""
+    tokens = {f.name for f in dataclasses.fields(settings.tokens)}
+    compaction = {f.name for f in dataclasses.fields(settings.compaction)}
+    return replace(
+        settings,
+        tokens=replace(settings.tokens, **{k: v for k, v in kw.items() if k in tokens}),
+        compaction=replace(settings.compaction, **{k: v for k, v in kw.items() if k in compaction}),
+        **{k: v for k, v in kw.items() if k not in tokens | compaction},
+    )
+
+
+def context_settings(**kw: Any) -> ContextSettings:
+    """One byte a token and no tokenizer, unless `kw` says otherwise."""
+    base = ContextSettings(TokensSettings(tokenize_url="", bytes_per_token=1.0))
+    return adjusted(base, **kw)
+
+
 def manager(**kw: Any) -> ContextManager:
-    return ContextManager(replace(ContextSettings(bytes_per_token=1.0), **kw), SEALER)
+    return ContextManager(context_settings(**kw), SEALER)
 
 
 def request(input: list[dict[str, Any]], **fields: Any) -> CreateRequest:
@@ -177,7 +198,7 @@ def test_threshold_defaults_to_the_window_minus_the_reserve() -> None:
 
 
 def test_counts_and_jobs_only_when_a_decision_needs_them() -> None:
-    m = manager(context_window=100_000, tokenize=True)
+    m = manager(context_window=100_000, tokenize_url="auto")
     parent = chain([user("a"), assistant("b")], [user("c"), assistant("d")])
     prep = m.prepare(parent, request([user("e")], instructions="be nice"), OWNER)
     assert prep.settings_tokens == len(b("be nice"))
@@ -197,7 +218,7 @@ def test_counts_and_jobs_only_when_a_decision_needs_them() -> None:
 
 
 def test_no_jobs_without_a_tokenizer() -> None:
-    m = manager(context_window=100_000, tokenize=False)
+    m = manager(context_window=100_000, tokenize_url="")
     assert m.prepare(chain([user("a")]), request([user("b")]), OWNER).jobs == ()
 
 

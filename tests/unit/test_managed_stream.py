@@ -7,7 +7,8 @@ from typing import Any
 
 import orjson
 import pytest
-from wsmode.core.context.managed_stream import ManagedStream, add_usage, usage_of
+from wsmode.core.api_objects import add_usage, usage_of
+from wsmode.core.context.managed_stream import ManagedStream
 from wsmode.core.dialects.responses import ResponsesStream
 from wsmode.core.errors import UpstreamError
 from wsmode.core.sse import SSEEvent

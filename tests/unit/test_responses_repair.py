@@ -111,6 +111,20 @@ def test_items_only_in_the_final_object_are_streamed() -> None:
     assert summary.terminal["usage"] is None
 
 
+def test_a_final_output_that_is_not_a_list_is_ignored() -> None:
+    """Found by tests/fuzz: `output: 7` in the final object crashed the repair (a 1011)."""
+    raw = _sse([{"type": "response.completed", "response": {"id": "r", "output": 7}}])
+    summary = check_sequence(run(translator("responses", {"model": "m"}), [raw]))
+    assert summary.terminal["status"] == "completed" and summary.items == []
+    odd = [
+        {"id": "m", "type": "message", "role": "assistant", "content": 7},
+        {"id": "rs", "type": "reasoning", "summary": 5},
+    ]
+    raw = _sse([{"type": "response.completed", "response": {"id": "r", "output": odd}}])
+    summary = check_sequence(run(translator("responses", {"model": "m"}), [raw]))
+    assert summary.terminal["status"] == "completed"  # items without text are not made up
+
+
 def test_poor_stream_failures() -> None:
     failed = _sse(
         [

@@ -395,7 +395,7 @@ def test_different_lanes_run_concurrently() -> None:
 
 
 def test_max_active_queues_across_lanes() -> None:
-    s = make_session(limits=SessionLimits(max_active=1))
+    s = make_session(limits=SessionLimits(max_active_per_connection=1))
     a = the_start(create(s, stream_id="a"))
     assert create(s, stream_id="b") == [RunCreated(2)]
     actions = quick(s, a, "resp_a")
@@ -452,7 +452,7 @@ def test_invalid_stream_id_is_rejected_and_not_echoed() -> None:
 
 
 def test_33rd_lane_is_refused_with_its_stream_id_echoed() -> None:
-    s = make_session(limits=SessionLimits(max_active=64))
+    s = make_session(limits=SessionLimits(max_active_per_connection=64))
     for i in range(1, 33):
         assert starts(create(s, stream_id=f"agent_{i}"))
     [err] = sends(create(s, stream_id="agent_33"))
@@ -475,7 +475,7 @@ def test_queued_lanes_count_towards_the_lane_limit() -> None:
 
 
 def test_a_rejected_create_does_not_use_up_a_lane() -> None:
-    s = make_session(limits=SessionLimits(max_lanes=1))
+    s = make_session(limits=SessionLimits(max_lanes_per_connection=1))
     [err] = sends(create(s, stream_id="first", model=""))
     assert err["error"]["code"] == "missing_required_parameter" and err["stream_id"] == "first"
     assert starts(create(s, stream_id="second"))
@@ -488,7 +488,7 @@ def test_validation_error_on_named_lane_echoes_stream_id() -> None:
 
 
 def test_too_many_queued_requests() -> None:
-    s = make_session(limits=SessionLimits(max_queued=2))
+    s = make_session(limits=SessionLimits(max_queued_per_connection=2))
     the_start(create(s, stream_id="a"))
     assert create(s, stream_id="a") == [RunCreated(2)]
     assert create(s, stream_id="a") == [RunCreated(3)]

@@ -8,19 +8,19 @@ through `summary_done`, and the generation's stream starts with the compaction i
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 from typing import Any
 
 import orjson
 from wsmode.core.actions import Action, CancelUpstream, CountTokens, Summarise
 from wsmode.core.context.compaction import summary_message
-from wsmode.core.context.manager import ContextManager, ContextSettings, SummaryResult
+from wsmode.core.context.manager import ContextManager, SummaryResult
 from wsmode.core.context.sealing import Sealer
 from wsmode.core.conversation import CacheBudget, ResponseCache
 from wsmode.core.dialects.responses import ResponsesDialect
 from wsmode.core.errors import UpstreamError
 from wsmode.core.session import Session, UpstreamPolicy
 
+from tests.unit.test_context import adjusted, context_settings
 from tests.unit.test_session import (
     HUGE,
     assistant,
@@ -51,7 +51,7 @@ SUMMARY_USAGE = {
 
 def make(owner: str = "owner-a", **settings: Any) -> Session:
     ids = itertools.count(1)
-    ctx = ContextManager(replace(ContextSettings(bytes_per_token=1.0), **settings), SEALER)
+    ctx = ContextManager(context_settings(**settings), SEALER)
     return Session(
         cache=ResponseCache(CacheBudget(HUGE, HUGE), 1000, HUGE),
         policy=UpstreamPolicy(ResponsesDialect()),
@@ -201,7 +201,7 @@ def test_client_gone_while_compacting_cancels_the_summary() -> None:
 
 def with_window(s: Session, **settings: Any) -> None:
     assert s.context is not None
-    s.context.settings = replace(s.context.settings, **settings)
+    s.context.settings = adjusted(s.context.settings, **settings)
 
 
 def test_compaction_that_still_does_not_fit_is_a_400() -> None:

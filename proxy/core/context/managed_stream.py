@@ -20,42 +20,11 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import wire
-from ..api_objects import TERMINAL_TYPES
+from ..api_objects import TERMINAL_TYPES, add_usage
 from ..dialects import StreamTranslator
 from ..sse import SSEEvent
 
 _BEFORE_OUTPUT = frozenset({"response.created", "response.queued", "response.in_progress"})
-_USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens")
-_DETAIL_FIELDS = (
-    ("input_tokens_details", "cached_tokens"),
-    ("output_tokens_details", "reasoning_tokens"),
-)
-
-
-def add_usage(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """`a` plus `b`, field by field (the Responses usage shape)."""
-    out = dict(a)
-    for key in _USAGE_FIELDS:
-        x, y = a.get(key), b.get(key)
-        if isinstance(x, int) and isinstance(y, int):
-            out[key] = x + y
-    for outer, inner in _DETAIL_FIELDS:
-        da, db = a.get(outer), b.get(outer)
-        if isinstance(da, dict) and isinstance(db, dict):
-            x, y = da.get(inner), db.get(inner)
-            if isinstance(x, int) and isinstance(y, int):
-                out[outer] = {**da, inner: x + y}
-    return out
-
-
-def usage_of(input_tokens: int, output_tokens: int) -> dict[str, Any]:
-    return {
-        "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-        "output_tokens": output_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": input_tokens + output_tokens,
-    }
 
 
 class ManagedStream:

@@ -30,16 +30,17 @@ per-connection state.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .. import wire
 from ..actions import Summarise
+from ..api_objects import add_usage, usage_of
 from ..conversation import CachedResponse, Segment
 from ..dialects import Dialect
 from ..errors import ClientError, UpstreamError, invalid, wrong_type
+from ..lru import ByteLRU
 from ..request import CreateRequest
 from .compaction import (
     Compacted,
@@ -59,24 +60,13 @@ from .compaction import (
     summary_text,
     transcript,
 )
-from .managed_stream import add_usage, usage_of
 from .sealing import Sealer
+from .settings import ContextSettings
 from .tokens import TokenEstimator
 
 MIN_COMPACT_THRESHOLD = 1000  # PROTOCOL 7
 TRUNCATION_MODES = ("auto", "disabled")
 _SUMMARY_PROMPT_TOKENS = 300  # the summarising request's own instructions, roughly
-
-
-@dataclass(frozen=True, slots=True)
-class ContextSettings:
-    context_window: int = 0  # tokens; 0 = unknown (no truncation, no overflow check)
-    output_reserve: int = 1024  # kept free for output when max_output_tokens is unset
-    bytes_per_token: float = 4.0
-    keep_recent_fraction: float = 0.25  # of the threshold, kept verbatim after compaction
-    summary_max_output_tokens: int = 2048
-    expansion_cache_bytes: int = 64 * 1024 * 1024  # opened compaction items remembered
-    tokenize: bool = False  # the upstream has a tokenizer: hand out CountTokens jobs
 
 
 # ---------------------------------------------------------------- counts and results
@@ -151,9 +141,13 @@ class ContextManager:
     def __init__(self, settings: ContextSettings, sealer: Sealer) -> None:
         self.settings = settings
         self.sealer = sealer
-        self.estimator = TokenEstimator(settings.bytes_per_token)
-        self.tokenize = settings.tokenize
-        self._opened = _OpenedItems(settings.expansion_cache_bytes)
+        self.estimator = TokenEstimator(settings.tokens.bytes_per_token)
+        self.tokenize = settings.tokens.tokenize
+        # opened compaction items by (credential, encrypted_content), for clients that
+        # resend the whole history each turn
+        self._opened: ByteLRU[tuple[str, str], Compacted] = ByteLRU(
+            settings.compaction.expansion_cache_bytes
+        )
 
     # ------------------------------------------------------------ validation
 
@@ -195,7 +189,7 @@ class ContextManager:
             enabled = True
         if enabled and threshold is None:
             window = self.settings.context_window
-            return window - self.settings.output_reserve if window else None
+            return window - self.settings.tokens.output_reserve if window else None
         return threshold
 
     # ------------------------------------------------------------ rendering
@@ -205,7 +199,8 @@ class ContextManager:
         found = self._opened.get(key)
         if found is None:
             found = open_item(self.sealer, item, owner)
-            self._opened.put(key, found)
+            expansion = sum(len(i) for i in (*found.head, *found.tail)) + len(found.summary)
+            self._opened.put(key, found, len(key[1]) + expansion)  # the token and what it opens to
         return found
 
     def _render(self, items: tuple[bytes, ...], owner: str) -> TokenCounts:
@@ -280,7 +275,7 @@ class ContextManager:
             new_start=input_start,
             chained=bool(segments),  # a continuation: all of `input` is new
             truncation=str(settings.get("truncation") or "disabled"),
-            reserve=reserve or self.settings.output_reserve,
+            reserve=reserve or self.settings.tokens.output_reserve,
             settings_tokens=0,
         )
         return prep, used[:-1]
@@ -304,7 +299,7 @@ class ContextManager:
             all_facts = prep.facts()
             prep.new_start = new_input_start(all_facts, prep.new_start, prep.chained)
             prep.head = pinned_head(all_facts, prep.new_start)
-            keep = int(threshold * self.settings.keep_recent_fraction)
+            keep = int(threshold * self.settings.compaction.keep_recent_fraction)
             lo, hi = prep.head + 1, prep.new_start
             cut = plan_split(all_facts, prep.counts, lo, hi, keep)
             if cut is None:
@@ -381,7 +376,7 @@ class ContextManager:
         `absorb_summary` says whether another chunk follows. Nothing is left out."""
         assert prep.cut is not None
         window = self.settings.context_window
-        max_out = self.settings.summary_max_output_tokens
+        max_out = self.settings.compaction.summary_max_output_tokens
         head, cut = prep.head, prep.cut
         if prep.summary is not None:  # a later chunk: the summary so far comes first
             prefix: list[bytes] = [summary_message(prep.summary)]
@@ -468,7 +463,7 @@ class ContextManager:
             raise invalid("There is nothing to compact: the input is empty.", "input")
         facts = prep.facts()
         prep.head = pinned_head(facts, len(facts))
-        keep = int(sum(prep.counts) * self.settings.keep_recent_fraction)
+        keep = int(sum(prep.counts) * self.settings.compaction.keep_recent_fraction)
         lo, hi = prep.head + 1, len(facts)
         cut = plan_split(facts, prep.counts, lo, hi, keep)
         prep.cut = cut if cut is not None else last_safe_cut(facts, lo, hi)
@@ -500,37 +495,6 @@ class ContextManager:
         input_tokens = sum(counts) + settings_tokens
         out = sum(self.estimator.of_bytes(len(wire.dumps(item))) for item in output)
         return usage_of(input_tokens, out)
-
-
-class _OpenedItems:
-    """Opened compaction items by (credential, encrypted_content), least recently used
-    first out, bounded in bytes (the token plus the expansion)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.nbytes = 0
-        self._entries: OrderedDict[tuple[str, str], tuple[Compacted, int]] = OrderedDict()
-
-    def get(self, key: tuple[str, str]) -> Compacted | None:
-        found = self._entries.get(key)
-        if found is None:
-            return None
-        self._entries.move_to_end(key)
-        return found[0]
-
-    def put(self, key: tuple[str, str], value: Compacted) -> None:
-        size = len(key[1]) + sum(len(i) for i in value.head) + len(value.summary)
-        size += sum(len(i) for i in value.tail)
-        if size > self.max_bytes:
-            return
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.nbytes -= old[1]
-        self._entries[key] = (value, size)
-        self.nbytes += size
-        while self.nbytes > self.max_bytes:
-            _, (_, freed) = self._entries.popitem(last=False)
-            self.nbytes -= freed
 
 
 def _once(fn: Callable[[], list[ItemFacts]]) -> Callable[[], list[ItemFacts]]:

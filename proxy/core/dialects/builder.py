@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import wire
-from ..api_objects import lifecycle_event
+from ..api_objects import lifecycle_event, response_object
 
 
 @dataclass(slots=True)
@@ -337,9 +337,26 @@ class OutputBuilder:
 
 class BuiltStream:
     """The StreamTranslator members of a stream written by an `OutputBuilder` (the Chat
-    translation and the Responses repair): numbering and items come from the builder."""
+    translation and the Responses repair): numbering and items come from the builder, and
+    the response object is begun and ended here, the same way for both."""
 
-    _builder: OutputBuilder | None = None
+    def __init__(
+        self,
+        request: dict[str, Any],
+        patch: dict[str, Any],
+        *,
+        clock: Callable[[], float],
+        new_id: Callable[[str], str],
+    ) -> None:
+        self._request = request  # the create body as the client sent it
+        self._patch = patch  # fields the response reports differently from the request
+        self._clock = clock
+        self._new_id = new_id
+        self._builder: OutputBuilder | None = None
+        self.response_id: str | None = None
+        self.response: dict[str, Any] | None = None
+        self.outcome: str | None = None
+        self.output: list[Any] = []
 
     @property
     def last_seq(self) -> int:
@@ -351,3 +368,39 @@ class BuiltStream:
 
     def finished_items(self) -> list[Any]:
         return self._builder.output() if self._builder is not None else []
+
+    def _begin(self, response_id: str, created_at: int | None, model: Any) -> list[bytes]:
+        """Make the response object and the builder; the `response.created` events.
+        `created_at` and `model` are the upstream's when it reported them."""
+        resp = response_object(
+            response_id=response_id,
+            request=self._request,
+            status="in_progress",
+            created_at=int(self._clock()) if created_at is None else created_at,
+        )
+        resp.update(self._patch)
+        if isinstance(model, str) and model:
+            resp["model"] = model  # as a Responses upstream reports the model it ran
+        self.response_id, self.response = response_id, resp
+        self._builder = OutputBuilder(resp, self._new_id)
+        return self._builder.start()
+
+    def _end(
+        self,
+        status: str,
+        usage: dict[str, Any] | None,
+        completed_at: int | None,
+        reason: str | None,
+    ) -> list[bytes]:
+        """Close what is open and write the terminal event; the stream has its outcome."""
+        assert self._builder is not None
+        events, final = self._builder.finish(
+            status,
+            usage=usage,
+            completed_at=int(self._clock()) if completed_at is None else completed_at,
+            incomplete_reason=reason,
+        )
+        self.response = final
+        self.output = final["output"]
+        self.outcome = status
+        return events

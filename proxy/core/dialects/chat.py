@@ -33,11 +33,11 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from .. import wire
-from ..api_objects import response_object
+from ..api_objects import count, usage_of
 from ..errors import UpstreamError
 from ..ids import new_id as mint_id
 from ..sse import SSEEvent
-from .builder import BuiltStream, OutputBuilder
+from .builder import BuiltStream
 from .chat_request import (
     NAMESPACE_SEP,
     ChatOptions,
@@ -56,27 +56,16 @@ _FINISH: dict[str, tuple[str, str | None]] = {
 
 
 def map_usage(usage: dict[str, Any]) -> dict[str, Any]:
-    """Chat usage -> Responses usage (PROTOCOL 8.4)."""
-
-    def num(d: Any, key: str) -> int:
-        v = d.get(key) if isinstance(d, dict) else None
-        return v if isinstance(v, int) and not isinstance(v, bool) else 0
-
-    prompt = num(usage, "prompt_tokens")
-    completion = num(usage, "completion_tokens")
-    total = num(usage, "total_tokens") or prompt + completion
-    return {
-        "input_tokens": prompt,
-        "input_tokens_details": {
-            "cached_tokens": num(usage.get("prompt_tokens_details"), "cached_tokens"),
-            "cache_write_tokens": 0,  # Chat reports no cache writes; the SDK's schema needs it
-        },
-        "output_tokens": completion,
-        "output_tokens_details": {
-            "reasoning_tokens": num(usage.get("completion_tokens_details"), "reasoning_tokens")
-        },
-        "total_tokens": total,
-    }
+    """Chat usage -> Responses usage (PROTOCOL 8.4). Chat reports no cache writes: 0."""
+    prompt = count(usage, "prompt_tokens")
+    completion = count(usage, "completion_tokens")
+    return usage_of(
+        prompt,
+        completion,
+        cached=count(usage.get("prompt_tokens_details"), "cached_tokens"),
+        reasoning=count(usage.get("completion_tokens_details"), "reasoning_tokens"),
+        total=count(usage, "total_tokens") or prompt + completion,
+    )
 
 
 def namespace_names(tools: Any) -> dict[str, tuple[str, str]]:
@@ -115,16 +104,8 @@ class ChatStream(BuiltStream):
         clock: Callable[[], float],
         new_id: Callable[[str], str],
     ) -> None:
-        self._request = request
-        self._patch = patch
+        super().__init__(request, patch, clock=clock, new_id=new_id)
         self._names = names
-        self._clock = clock
-        self._new_id = new_id
-        self.response_id: str | None = None
-        self.response: dict[str, Any] | None = None
-        self.outcome: str | None = None
-        self.output: list[Any] = []
-        self._builder: OutputBuilder | None = None
         self._calls: dict[Hashable, _Call] = {}
         self._last_call: Hashable | None = None
         self._finish: str | None = None  # the finish_reason, once seen
@@ -172,20 +153,8 @@ class ChatStream(BuiltStream):
     def _start(self, chunk: dict[str, Any] | None) -> list[bytes]:
         if self._builder is not None:
             return []
-        rid = self._new_id("resp")
-        resp = response_object(
-            response_id=rid,
-            request=self._request,
-            status="in_progress",
-            created_at=int(self._clock()),
-        )
-        resp.update(self._patch)
         model = chunk.get("model") if chunk is not None else None
-        if isinstance(model, str) and model:
-            resp["model"] = model  # as a Responses upstream reports the model it ran
-        self.response_id, self.response = rid, resp
-        self._builder = OutputBuilder(resp, self._new_id)
-        return self._builder.start()
+        return self._begin(self._new_id("resp"), None, model)
 
     def _choice(self, choice: dict[str, Any]) -> list[bytes]:
         if self._finish is not None:
@@ -278,22 +247,11 @@ class ChatStream(BuiltStream):
 
     def _terminal(self) -> list[bytes]:
         out = self._start(None)
-        b = self._builder
-        assert b is not None
         status, reason = _FINISH.get(self._finish or "stop", ("completed", None))
         if self._finish is None:
             out += self._open_pending()
         usage = map_usage(self._usage) if self._usage is not None else None
-        events, final = b.finish(
-            status,
-            usage=usage,
-            completed_at=int(self._clock()),
-            incomplete_reason=reason,
-        )
-        self.response = final
-        self.output = final["output"]
-        self.outcome = status
-        return out + events
+        return out + self._end(status, usage, None, reason)
 
 
 def _chunk_error(err: Any) -> UpstreamError:
@@ -322,7 +280,7 @@ class ChatDialect:
         new_id: Callable[[str], str] = mint_id,
     ) -> None:
         self.options = options or ChatOptions()
-        self.memo = TranslationMemo(self.options.memo_bytes)
+        self.memo = TranslationMemo(self.options.translation_cache_bytes)
         self._clock = clock
         self._new_id = new_id
 

@@ -34,17 +34,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lru import LRU
-
 from .. import wire
 from ..errors import ClientError, invalid
+from ..lru import ByteLRU
 
 log = logging.getLogger("wsmode.chat")
 
 NAMESPACE_SEP = "__"
 SYSTEM_ROLES = ("system", "developer")
 REASONING_MODES = ("drop", "reasoning_content", "reasoning")
-_UNBOUNDED = 2**31 - 1  # lru-dict needs a size; the memo evicts by its own byte budget
 
 # Piece kinds: how one item contributes to the message list.
 MESSAGE = 0  # a complete message (user, system, tool)
@@ -56,10 +54,21 @@ SKIP = 4
 
 @dataclass(frozen=True, slots=True)
 class ChatOptions:
-    system_role: str = "system"  # the role of `instructions` and system/developer items
-    reasoning: str = "drop"  # "drop", or the Chat field reasoning items are sent in
-    strict_tools: bool = False  # reject tools a Chat upstream cannot run, instead of dropping
-    memo_bytes: int = 128 * 1024 * 1024  # bound of the per-item translation memo
+    """The Chat Completions dialect's options, and the config's [chat] section as it is
+    (proxy/config.py imports it; field names are the config keys)."""
+
+    system_role: str = "system"  # or "developer": the role `instructions` are sent in
+    reasoning: str = "drop"  # or the Chat field reasoning items go in: reasoning_content, reasoning
+    strict_tools: bool = False  # reject hosted tools instead of dropping them
+    translation_cache_bytes: int = 128 * 1024 * 1024  # memo of translated history items
+
+    def __post_init__(self) -> None:
+        if self.system_role not in SYSTEM_ROLES:
+            raise ValueError("chat.system_role must be system or developer")
+        if self.reasoning not in REASONING_MODES:
+            raise ValueError("chat.reasoning must be drop, reasoning_content or reasoning")
+        if self.translation_cache_bytes < 0:
+            raise ValueError("translation_cache_bytes must not be negative")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,19 +114,22 @@ class TranslationMemo:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.nbytes = 0
         self.hits = 0
         self.misses = 0
         self.resumed = 0  # bodies that started from a checkpoint
-        self._lru: Any = LRU(_UNBOUNDED)
-        self._cps: Any = LRU(_UNBOUNDED)  # Checkpoint -> True, least recently used last
+        self._items: ByteLRU[bytes, Piece] = ByteLRU(max_bytes)
+        self._cps: ByteLRU[Checkpoint, None] = ByteLRU(max_bytes)
         self._by_first: dict[bytes, list[Checkpoint]] = {}
 
     def __len__(self) -> int:
-        return len(self._lru)
+        return len(self._items)
+
+    @property
+    def nbytes(self) -> int:
+        return self._items.nbytes + self._cps.nbytes
 
     def get(self, key: bytes) -> Piece | None:
-        piece: Piece | None = self._lru.get(key)
+        piece = self._items.get(key)
         if piece is None:
             self.misses += 1
         else:
@@ -128,12 +140,11 @@ class TranslationMemo:
         size = len(key) + len(piece.data)
         if size > self.max_bytes:
             return
-        old = self._lru.get(key)
-        if old is not None:
-            self.nbytes -= len(key) + len(old.data)
-        self._lru[key] = piece
-        self.nbytes += size
-        self._shrink()
+        old = self._items.peek(key)
+        grows = size - (len(key) + len(old.data) if old is not None else 0)
+        # checkpoints go first; the item layer then evicts its own to fit the budget
+        self._drop_checkpoints(self.max_bytes - grows)
+        self._items.put(key, piece, size)
 
     def resume(self, items: list[bytes]) -> Checkpoint | None:
         """The longest checkpoint whose prefix the items start with, taken out of the memo."""
@@ -154,30 +165,31 @@ class TranslationMemo:
     def checkpoint(self, cp: Checkpoint) -> None:
         if not cp.prefix or cp.nbytes > self.max_bytes:
             return
-        self._cps[cp] = True
+        # older checkpoints make room; items are not evicted for one
+        self._drop_checkpoints(self.max_bytes - cp.nbytes)
+        if self.nbytes + cp.nbytes > self.max_bytes:
+            return
+        self._cps.put(cp, None, cp.nbytes)
         self._by_first.setdefault(cp.prefix[0], []).append(cp)
-        self.nbytes += cp.nbytes
-        self._shrink()
 
     @property
     def checkpoints(self) -> int:
         return len(self._cps)
 
     def _drop(self, cp: Checkpoint) -> None:
-        del self._cps[cp]
+        self._cps.pop(cp)
         siblings = self._by_first[cp.prefix[0]]
         siblings.remove(cp)
         if not siblings:
             del self._by_first[cp.prefix[0]]
-        self.nbytes -= cp.nbytes
 
-    def _shrink(self) -> None:
-        while self.nbytes > self.max_bytes and len(self._cps):
-            self._drop(self._cps.peek_last_item()[0])
-        while self.nbytes > self.max_bytes and len(self._lru):
-            k, v = self._lru.peek_last_item()
-            del self._lru[k]
-            self.nbytes -= len(k) + len(v.data)
+    def _drop_checkpoints(self, limit: int) -> None:
+        """Drop checkpoints, least recently used first, until the memo holds `limit` bytes."""
+        while self.nbytes > limit:
+            oldest = self._cps.oldest()
+            if oldest is None:
+                return
+            self._drop(oldest)
 
 
 # ---------------------------------------------------------------- items

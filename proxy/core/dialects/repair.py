@@ -23,12 +23,11 @@ upstream's response and item ids:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
-from ..api_objects import TERMINAL_TYPES, response_object
+from ..api_objects import TERMINAL_TYPES, count, usage_of
 from ..errors import UpstreamError
-from .builder import BuiltStream, OutputBuilder
+from .builder import BuiltStream
 
 log = logging.getLogger("wsmode.upstream")
 
@@ -54,32 +53,30 @@ _IGNORED = frozenset(
 
 
 def fill_usage(usage: Any) -> dict[str, Any] | None:
+    """The upstream's usage with every field the shape needs (missing ones 0)."""
     if not isinstance(usage, dict):
         return None
+    inp, out = count(usage, "input_tokens"), count(usage, "output_tokens")
+    details = usage.get("input_tokens_details")
+    return usage_of(
+        inp,
+        out,
+        cached=count(details, "cached_tokens"),
+        cache_write=count(details, "cache_write_tokens"),
+        reasoning=count(usage.get("output_tokens_details"), "reasoning_tokens"),
+        total=count(usage, "total_tokens") or inp + out,
+    )
 
-    def num(d: Any, key: str) -> int:
-        v = d.get(key) if isinstance(d, dict) else None
-        return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
-    inp, out = num(usage, "input_tokens"), num(usage, "output_tokens")
-    return {
-        "input_tokens": inp,
-        "input_tokens_details": {
-            "cached_tokens": num(usage.get("input_tokens_details"), "cached_tokens"),
-            "cache_write_tokens": num(usage.get("input_tokens_details"), "cache_write_tokens"),
-        },
-        "output_tokens": out,
-        "output_tokens_details": {
-            "reasoning_tokens": num(usage.get("output_tokens_details"), "reasoning_tokens")
-        },
-        "total_tokens": num(usage, "total_tokens") or inp + out,
-    }
+def _as_list(value: Any) -> list[Any]:
+    """An upstream's array, or nothing when it sent something else (never a crash)."""
+    return value if isinstance(value, list) else []
 
 
 def _item_texts(item: dict[str, Any]) -> list[tuple[str, str]]:
     """(part kind, text) of a finished message or reasoning item."""
     out: list[tuple[str, str]] = []
-    for part in item.get("content") or []:
+    for part in _as_list(item.get("content")):
         if not isinstance(part, dict):
             continue
         kind = part.get("type")
@@ -90,31 +87,13 @@ def _item_texts(item: dict[str, Any]) -> list[tuple[str, str]]:
         elif kind == "reasoning_text":
             out.append(("reasoning_text", str(part.get("text") or "")))
     if item.get("type") == "reasoning" and not out:
-        summary = item.get("summary") or []
+        summary = _as_list(item.get("summary"))
         text = "".join(str(s.get("text") or "") for s in summary if isinstance(s, dict))
         out.append(("reasoning_text", text))
     return out
 
 
 class ResponsesRepair(BuiltStream):
-    def __init__(
-        self,
-        request: dict[str, Any],
-        patch: dict[str, Any],
-        *,
-        clock: Callable[[], float],
-        new_id: Callable[[str], str],
-    ) -> None:
-        self._request = request
-        self._patch = patch
-        self._clock = clock
-        self._new_id = new_id
-        self._builder: OutputBuilder | None = None
-        self.response_id: str | None = None
-        self.response: dict[str, Any] | None = None
-        self.outcome: str | None = None
-        self.output: list[Any] = []
-
     def feed_event(self, ev: dict[str, Any]) -> list[bytes]:
         kind = ev.get("type")
         out = self._start(ev.get("response"))
@@ -171,18 +150,7 @@ class ResponsesRepair(BuiltStream):
         up = upstream if isinstance(upstream, dict) else {}
         rid = up["id"] if isinstance(up.get("id"), str) else self._new_id("resp")
         created = up.get("created_at")
-        resp = response_object(
-            response_id=rid,
-            request=self._request,
-            status="in_progress",
-            created_at=created if isinstance(created, int) else int(self._clock()),
-        )
-        resp.update(self._patch)
-        if isinstance(up.get("model"), str) and up["model"]:
-            resp["model"] = up["model"]
-        self.response_id, self.response = rid, resp
-        self._builder = OutputBuilder(resp, self._new_id)
-        return self._builder.start()
+        return self._begin(rid, created if isinstance(created, int) else None, up.get("model"))
 
     def _text(self, part_kind: str, delta: str, item_id: Any) -> list[bytes]:
         b = self._builder
@@ -254,7 +222,7 @@ class ResponsesRepair(BuiltStream):
                 code=code if isinstance(code, str) else "server_error",
             )
         out: list[bytes] = []
-        for item in up.get("output") or []:  # items (or their tails) only the final object has
+        for item in _as_list(up.get("output")):  # items (or their tails) only the final has
             if isinstance(item, dict):
                 out += self._item_done(item)
         usage = fill_usage(up.get("usage"))
@@ -272,13 +240,5 @@ class ResponsesRepair(BuiltStream):
         if status == "incomplete" and not isinstance(reason, str):
             reason = "max_output_tokens"
         completed_at = up.get("completed_at")
-        events, final = b.finish(
-            status,
-            usage=usage,
-            completed_at=completed_at if isinstance(completed_at, int) else int(self._clock()),
-            incomplete_reason=reason if status == "incomplete" else None,
-        )
-        self.response = final
-        self.output = final["output"]
-        self.outcome = status
-        return out + events
+        done_at = completed_at if isinstance(completed_at, int) else None
+        return out + self._end(status, usage, done_at, reason if status == "incomplete" else None)
