@@ -126,14 +126,3 @@ def response_object(
 
 def lifecycle_event(kind: str, response: dict[str, Any], seq: int) -> dict[str, Any]:
     return {"type": kind, "sequence_number": seq, "response": response}
-
-
-def http_error_event(
-    code: str | None, message: str | None, param: str | None, sequence_number: int | None
-) -> dict[str, Any]:
-    """The HTTP SSE `error` event: code, message and param at the top level, no `status`
-    (PROTOCOL 8.1; the WebSocket envelope nests them under `error`, 3.2)."""
-    ev: dict[str, Any] = {"type": "error", "code": code, "message": message, "param": param}
-    if sequence_number is not None:
-        ev["sequence_number"] = sequence_number
-    return ev

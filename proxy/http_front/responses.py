@@ -2,10 +2,10 @@
 
 A request runs as a one-shot `Session`, so HTTP clients get the same rebuilt requests,
 upstream error handling and response store: `previous_response_id` works against a stateless
-upstream when the parent was stored. `stream: true` answers Server-Sent Events with `event:`
-lines (PROTOCOL 8.1); otherwise the terminal response object, as the HTTP API returns it.
-An error before the first event is an ordinary HTTP error response; a failure after it is
-an SSE `error` event in the HTTP shape (code, message and param at the top level).
+upstream when the parent was stored. What the client gets is built by
+`core.http_answer.HttpAnswer` from the session's events, as the sidecar builds its answers
+(PROTOCOL 8.1): Server-Sent Events for `stream: true`, otherwise the terminal response
+object; an error before the first event is an HTTP status and error body.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from ..core.actions import (
     StartUpstream,
     Summarise,
 )
-from ..core.api_objects import TERMINAL_TYPES, http_error_event
 from ..core.errors import ClientError, ProxyError
+from ..core.http_answer import HttpAnswer
 from ..core.store import owner_of
 from ..ops.middleware import OPS, REQUEST_ID
 from ..ops.tracking import RunTracker
@@ -47,15 +47,6 @@ def error_response(err: ProxyError) -> web.Response:
     )
 
 
-def _http_error_event(ws_error: dict[str, Any]) -> bytes:
-    """The WebSocket `error` envelope, reshaped as the HTTP SSE `error` event (PROTOCOL 8.1)."""
-    inner = ws_error.get("error") or {}
-    seq = ws_error.get("sequence_number")
-    return wire.dumps(
-        http_error_event(inner.get("code"), inner.get("message"), inner.get("param"), seq)
-    )
-
-
 class HttpExchange:
     """One POST /v1/responses: runs the session, writes SSE or collects the answer."""
 
@@ -68,8 +59,7 @@ class HttpExchange:
         self.sse: web.StreamResponse | None = None
         self.pending: list[StartUpstream | Summarise] = []
         self.running: int | None = None  # the run whose upstream request is being read
-        self.error: dict[str, Any] | None = None  # the first WS error envelope, if any
-        self.terminal: dict[str, Any] | None = None
+        self.answer = HttpAnswer(stream)
         ops = request.app[OPS]
         self.tracker = RunTracker(
             ops.metrics,
@@ -104,21 +94,13 @@ class HttpExchange:
         if self.sse is not None:
             await self.sse.write_eof()
             return self.sse
-        if self.terminal is not None and self.terminal.get("status") != "failed":
-            return web.Response(body=wire.dumps(self.terminal), content_type="application/json")
-        if self.error is not None:
-            status = self.error.get("status")
-            return web.Response(
-                status=status if isinstance(status, int) else 500,
-                body=wire.dumps({"error": self.error.get("error")}),
-                content_type="application/json",
-            )
-        if self.terminal is not None:  # the upstream's own response.failed, no error event
-            failed = self.terminal.get("error") or {}
-            code = failed.get("code") if isinstance(failed.get("code"), str) else None
-            message = str(failed.get("message") or "the response failed")
-            return error_response(ProxyError(message, code=code))
-        raise RuntimeError("response ended without a terminal event or an error")
+        reply = self.answer.final()
+        return web.Response(
+            status=reply.status,
+            body=reply.body,
+            content_type="application/json",
+            headers=dict(reply.headers),
+        )
 
     async def execute(self, actions: list[Action]) -> None:
         """Execute the session's actions in order (the runner's `execute` too)."""
@@ -153,18 +135,10 @@ class HttpExchange:
             raise Abandon
 
     async def _frame(self, frame: bytes) -> None:
-        kind = wire.event_type(frame) or "message"
-        if kind == "error":
-            ev = wire.loads(frame)
-            self.error = self.error or ev
-            if self.sse is not None:
-                await self._write(b"event: error\ndata: " + _http_error_event(ev) + b"\n\n")
+        write = self.answer.event(wire.event_type(frame) or "message", frame)
+        if write is None:
             return
-        if kind in TERMINAL_TYPES:
-            self.terminal = wire.loads(frame)["response"]
-        if not self.stream:
-            return
-        if self.sse is None:
+        if write.start:
             self.sse = web.StreamResponse(
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
             )
@@ -174,7 +148,7 @@ class HttpExchange:
                 transport.set_write_buffer_limits(
                     high=self.state.settings.server.outbound_buffer_bytes // 2
                 )
-        await self._write(b"event: " + kind.encode() + b"\ndata: " + frame + b"\n\n")
+        await self._write(write.data)
 
     async def _write(self, data: bytes) -> None:
         """A write waits while the client is not reading (and the upstream is not read

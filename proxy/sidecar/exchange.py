@@ -12,14 +12,15 @@ import logging
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 from aiohttp import WSMsgType, web
 
 from ..core import wire
+from ..core.http_answer import Reply, Write
 from .chains import ChainMemory, Plan
 from .pool import NoSocket, SocketPool, UpstreamSocket
-from .relay import Action, Done, Relay, Reply, Resend, Retry, Write
+from .relay import Action, Done, Relay, Resend, Retry
 
 log = logging.getLogger("wsmode.sidecar")
 
@@ -128,18 +129,22 @@ class Exchange:
 
     async def _execute(self, actions: list[Action]) -> Resend | None:
         for action in actions:
-            if isinstance(action, Write):
-                if self.response is None:
-                    response = web.StreamResponse(status=200, headers=SSE_HEADERS)
-                    await response.prepare(self.request)
-                    self.response = response
-                await self.response.write(action.data)
-            elif isinstance(action, Reply):
-                self.reply = action
-            elif isinstance(action, Done):
-                self.done = action
-            elif isinstance(action, Retry):
-                return action.how
+            match action:
+                case Write():
+                    if action.start:
+                        response = web.StreamResponse(status=200, headers=SSE_HEADERS)
+                        await response.prepare(self.request)
+                        self.response = response
+                    assert self.response is not None
+                    await self.response.write(action.data)
+                case Reply():
+                    self.reply = action
+                case Done():
+                    self.done = action
+                case Retry():
+                    return action.how
+                case _:
+                    assert_never(action)
         return None
 
     async def _answer(self) -> web.StreamResponse:

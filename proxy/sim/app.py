@@ -9,8 +9,9 @@ Faults, for fault tests and the soak script, come from `metadata.sim_fault` on a
 from a queue filled with `POST /sim/faults {"faults": [...]}` (one per following request):
 `status:503` (HTTP error before the stream), `cut:N` (after N events, half an event, then
 the connection drops), `stall:N` (after N events, silence until the client leaves),
-`error:N` (an SSE `error` event after N events) and `eof:N` (the stream ends after N events
-with no terminal event).
+`error:N` (an SSE `error` event after N events), `eof:N` (the stream ends after N events
+with no terminal event) and `failed:CODE` (after 3 events, a `response.failed` terminal whose
+`error.code` is CODE: the upstream's own failure, with no `error` event).
 
 `context_window` (tokens, 0 = unlimited) makes it refuse, like a real server, a request
 whose input does not fit: 400 `context_length_exceeded`. `POST /tokenize` answers like
@@ -148,7 +149,12 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         token = 0
         pending: list[bytes] = []  # unpaced: events written together, up to _BATCH_BYTES
         size = 0
+        current: dict[str, Any] = {}  # the response object of the latest lifecycle event
         for i, ev in enumerate(response_events(body, p)):
+            if kind == "failed" and i == after:
+                pending += (_sse(_failed_event(ev, current, arg)), b"data: [DONE]\n\n")
+                await resp.write(b"".join(pending))
+                return resp
             if kind and i == after:
                 if pending:
                     await resp.write(b"".join(pending))
@@ -162,6 +168,8 @@ async def _responses(request: web.Request) -> web.StreamResponse:
                         await resp.write(b"".join(pending))
                         pending, size = [], 0
                     await asyncio.sleep(delay)
+            if isinstance(ev.get("response"), dict):
+                current = ev["response"]
             if stamp:
                 ev["sim_sent_ns"] = time.monotonic_ns()
             data = _sse(ev)
@@ -177,6 +185,14 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         await resp.write(b"".join(pending))
         state.completed += 1
         return resp
+
+
+def _failed_event(ev: dict[str, Any], response: dict[str, Any], code: str) -> dict[str, Any]:
+    """A `response.failed` terminal at `ev`'s place, its `error.code` `code`."""
+    code = code or "server_error"
+    error = {"code": code, "message": f"simulated response failure ({code})"}
+    failed = {**response, "status": "failed", "error": error}
+    return {"type": "response.failed", "sequence_number": ev["sequence_number"], "response": failed}
 
 
 def _error_event(ev: dict[str, Any]) -> bytes:

@@ -6,6 +6,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 from openai import AsyncOpenAI
 from websockets.asyncio.client import connect
 
@@ -149,6 +150,40 @@ async def test_mid_stream_failure_over_sse(proxy: Proxy, sim: Sim) -> None:
     sim.state.faults.append("cut:5")
     status, doc = await post(proxy, {"model": "sim", "input": "x"})
     assert status == 502 and doc["error"]["code"] == "upstream_unavailable"
+
+
+@pytest.mark.parametrize(
+    ("fault", "status", "code"),
+    [
+        # the upstream's own `response.failed` (no `error` event after it)
+        ("failed:rate_limit_exceeded", 429, "rate_limit_exceeded"),
+        ("failed:invalid_prompt", 400, "invalid_prompt"),
+        ("failed:server_error", 500, "server_error"),
+        # the proxy's: `response.failed`, then an `error` that changes nothing any more
+        ("error:4", 500, "server_error"),
+        ("cut:5", 502, "upstream_unavailable"),
+        ("eof:4", 500, "server_error"),
+    ],
+)
+async def test_response_failed_without_stream_is_the_codes_status_as_through_the_sidecar(
+    fault: str, status: int, code: str, proxy: Proxy, sidecar_factory: Any
+) -> None:
+    """A stream that ends `response.failed`: the HTTP front and the sidecar (in front of the
+    same proxy's WebSocket mode) derive the same status from `error.code`, with the same
+    body (one mapping, core/http_answer.py)."""
+    sidecar = await sidecar_factory(proxy.http)
+    req = {"model": "sim", "input": "x", "metadata": {"sim_fault": fault}}
+    direct = await post(proxy, req)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{sidecar.http}/responses", json=req) as r,
+    ):
+        via = r.status, orjson.loads(await r.read())
+    assert direct[0] == status
+    assert direct[1]["error"]["code"] == code and direct[1]["error"]["type"] == "server_error"
+    if fault.startswith("failed:"):
+        assert direct[1]["error"]["message"] == f"simulated response failure ({code})"
+    assert via == direct
 
 
 async def test_openai_sdk_over_http(proxy: Proxy) -> None:

@@ -1,4 +1,7 @@
-"""Upstream WebSocket frames -> the HTTP answer (proxy/sidecar/relay.py): synchronous."""
+"""Upstream WebSocket frames -> the HTTP answer (proxy/sidecar/relay.py): synchronous.
+
+The answer itself is built by core/http_answer.py (tests/unit/test_http_answer.py); these
+tests hold the relay's part: retries, restored ids, socket keeping, and its own failures."""
 
 from __future__ import annotations
 
@@ -6,9 +9,10 @@ from typing import Any
 
 import orjson
 import pytest
+from wsmode.core.http_answer import Reply, Write
 from wsmode.core.sse import SSEDecoder
 from wsmode.core.wire import event_type
-from wsmode.sidecar.relay import Done, Relay, Reply, Resend, Retry, Write, http_error
+from wsmode.sidecar.relay import Done, Relay, Resend, Retry
 
 ITEM = {"id": "fc_1", "type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
 
@@ -145,24 +149,6 @@ def test_error_before_the_stream_is_the_http_status_and_error_body() -> None:
     }
     assert dict(reply.headers) == {"x-ratelimit-remaining-requests": "0", "retry-after": "2"}
     assert done == Done("error", keep_socket=True)
-
-
-@pytest.mark.parametrize(
-    ("ev", "status"),
-    [
-        ({"type": "error", "error": {"type": "invalid_request_error", "message": "x"}}, 400),
-        ({"type": "error", "error": {"code": "previous_response_not_found"}}, 400),
-        ({"type": "error", "error": {"type": "server_error"}}, 500),
-        ({"type": "error", "status_code": 404, "error": {"message": "no model"}}, 404),
-        ({"type": "error", "status": 200, "error": {}}, 500),
-        ({"type": "error"}, 500),
-    ],
-)
-def test_error_status_defaults(ev: dict[str, Any], status: int) -> None:
-    reply = http_error(ev)
-    body = orjson.loads(reply.body)["error"]
-    assert reply.status == status
-    assert set(body) >= {"message", "type", "param", "code"} and body["message"]
 
 
 def test_an_http_shaped_error_event_keeps_its_words() -> None:
