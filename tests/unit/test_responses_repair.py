@@ -167,3 +167,31 @@ def test_spec_complete_stream_passes_through_untouched() -> None:
     # delta events are forwarded as the very bytes the upstream sent (never re-serialised)
     assert [f for f in frames if b".delta" in f[:60]] == [orjson.dumps(d) for d in deltas]
     assert len(frames) == len(upstream) and t.outcome == "completed"
+
+
+@pytest.mark.parametrize(
+    ("payload", "forwarded"),
+    [
+        ('{"type":"response.output_text.delta","delta":"h\u00e9 \u2603"}'.encode(), True),
+        (b'{"type":"response.output_text.delta","delta":"\xc3("}', False),  # bad UTF-8
+        (b'{\x80"type":"response.output_text.delta"}', False),  # a lone continuation byte
+    ],
+)
+def test_a_forwarded_event_must_be_utf8(payload: bytes, forwarded: bool) -> None:
+    """Deltas go out unparsed, as WebSocket text frames, which must be UTF-8 (RFC 6455 8.1):
+    an upstream event that is not is an upstream error, never a frame the client's library
+    rejects by closing the socket (1007)."""
+    body = {"model": "sim", "input": "hi"}
+    upstream = list(
+        response_events(body, plan(body, seed=1, output_tokens=2, tool_calls_per_turn=0))
+    )
+    t = translator("responses", body)
+    decoder = SSEDecoder(1 << 24)
+    for event in decoder.feed(_sse(upstream[:2])):  # created, in_progress: the stream is good
+        t.feed(event)
+    (event,) = decoder.feed(b"event: response.output_text.delta\ndata: " + payload + b"\n\n")
+    if forwarded:
+        assert t.feed(event) == [payload]
+    else:
+        with pytest.raises(UpstreamError, match="not UTF-8"):
+            t.feed(event)

@@ -116,6 +116,13 @@ class ResponsesStream:
             data = data.strip()
             if not (data.startswith(b"{") and data.endswith(b"}")):
                 raise UpstreamError(f"upstream sent a non-JSON {kind} event", started=True)
+        if not data.isascii():  # a text frame must be UTF-8 (RFC 6455 8.1): check, not parse
+            try:
+                data.decode()
+            except UnicodeDecodeError:
+                raise UpstreamError(
+                    f"upstream sent a {kind} event that is not UTF-8", started=True
+                ) from None
         self._unread = data
         return [data]
 
