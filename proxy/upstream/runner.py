@@ -8,8 +8,8 @@ A response (`stream_response`): POST, decode the SSE stream, hand each event to 
 reading for too long), the exception propagates and leaving the upstream stream's context
 closes the upstream connection, which stops generation there. `execute` awaits each write, so
 while a client is not reading the upstream is not read either: backpressure reaches the model
-server instead of our memory. An optional `RunTrace` records timings and sizes for metrics
-and usage accounting.
+server instead of our memory. An optional `Trace` (ops/tracking.py's `RunTrace`) records
+timings and sizes for metrics and usage accounting.
 
 Cancellation has one rule. The runner never looks at the actions: after each batch it asks
 the session whether it still wants the run (`Session.is_active`) and, when not, leaves the
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
 
 from ..core.actions import Action, Send, StartUpstream, Summarise
 from ..core.context.manager import SummaryResult
@@ -35,10 +36,22 @@ from ..core.dialects import Dialect
 from ..core.errors import UpstreamError
 from ..core.session import Session
 from ..core.sse import SSEDecoder, SSEEventTooLarge
-from ..ops.tracking import RunTrace
 from .client import UpstreamClient, request_body
 
 log = logging.getLogger("wsmode.upstream")
+
+
+class Trace(Protocol):
+    """What the runner reports about one response (ops/tracking.py's `RunTrace` is one): a
+    protocol, so that `upstream/` and `ops/` do not import each other."""
+
+    first_sent: float | None
+
+    def sent(self) -> None: ...
+    def chunk(self, nbytes: int) -> None: ...
+    def delivered(self) -> None: ...
+    def failed(self, err: UpstreamError) -> None: ...
+
 
 compaction_log = logging.getLogger("wsmode.compaction")
 
@@ -59,7 +72,7 @@ async def stream_response(
     max_event_bytes: int,
     execute: Execute,
     label: str,
-    trace: RunTrace | None = None,
+    trace: Trace | None = None,
 ) -> None:
     run_id = start.run_id
     decoder = SSEDecoder(max_event_bytes)
@@ -144,7 +157,7 @@ async def run_upstream(
     max_event_bytes: int,
     execute: Execute,
     label: str,
-    trace: RunTrace | None = None,
+    trace: Trace | None = None,
 ) -> None:
     """Run either kind of upstream request a session asks for (`trace`: a response's)."""
     if isinstance(action, Summarise):

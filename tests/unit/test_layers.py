@@ -1,0 +1,119 @@
+"""The dependency rule of docs/architecture.md, checked on the source with `ast`.
+
+Each part of the package may import only the parts below it:
+
+    core  <-  config, logs  <-  ops, upstream  <-  build, runtime
+          <-  ws_front, http_front, sidecar  <-  app  <-  serve  <-  cli
+
+`sim` (the simulated model) uses `core` only; `bench` is tooling and may use anything. `ops`
+and `upstream` are siblings and do not import each other: the runner reports timings through
+a protocol the tracker satisfies. A relative import that climbs out of a part is resolved to
+the part it lands in.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "proxy"
+
+ALLOWED: dict[str, frozenset[str]] = {
+    "core": frozenset(),
+    "config": frozenset({"core", "sim"}),  # `sim` for its settings dataclass only (see below)
+    "logs": frozenset({"core"}),
+    "ops": frozenset({"core", "config", "logs"}),
+    "upstream": frozenset({"core", "config", "logs"}),
+    "build": frozenset({"core", "config"}),
+    "runtime": frozenset({"core", "config", "build", "upstream"}),
+    "ws_front": frozenset({"core", "config", "logs", "ops", "upstream", "build", "runtime"}),
+    "http_front": frozenset({"core", "config", "logs", "ops", "upstream", "build", "runtime"}),
+    "sidecar": frozenset({"core", "config", "logs", "ops", "upstream"}),
+    "app": frozenset(
+        {"core", "config", "logs", "ops", "upstream", "build", "runtime", "ws_front"}
+        | {"http_front", "sim"}
+    ),
+    "serve": frozenset({"core", "config", "logs", "ops", "app"}),
+    "sim": frozenset({"core"}),
+}
+# Parts that may import anything: the command line and the benchmarks.
+UNRESTRICTED = frozenset({"cli", "bench", "__init__", "__main__"})
+
+
+def part_of(module: tuple[str, ...]) -> str:
+    return module[0]
+
+
+def imported_parts(rel: tuple[str, ...], source: str) -> list[tuple[int, str, str]]:
+    """`(line, part, dotted target)` for each relative import in `source`, the module at
+    `rel` (its path in the package without `.py`, e.g. `("core", "session")`)."""
+    package = rel[:-1]
+    found: list[tuple[int, str, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom) or node.level == 0:
+            continue
+        up = node.level - 1
+        if up > len(package):
+            raise AssertionError(f"{'/'.join(rel)}:{node.lineno} climbs out of the package")
+        base = package[: len(package) - up]
+        target = (*base, *(node.module.split(".") if node.module else ()))
+        # `from . import x` at the package's top: each x is a part
+        targets = [target] if target else [(name.name,) for name in node.names]
+        for t in targets:
+            found.append((node.lineno, part_of(t), ".".join(t)))
+    return found
+
+
+def violations(rel: tuple[str, ...], source: str) -> list[str]:
+    me = rel[0]
+    if me in UNRESTRICTED:
+        return []
+    allowed = ALLOWED[me] | {me}
+    found = imported_parts(rel, source)
+    bad = [f"{line}: {target}" for line, part, target in found if part not in allowed]
+    if me == "config":  # config may name the simulated model's settings, never its server
+        bad += [
+            f"{line}: {target}"
+            for line, part, target in found
+            if part == "sim" and target != "sim.settings"
+        ]
+    return bad
+
+
+FILES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_part_has_a_rule() -> None:
+    parts = {p.relative_to(PACKAGE).with_suffix("").parts[0] for p in FILES}
+    assert parts - UNRESTRICTED <= set(ALLOWED), "a new part needs its place in the rule"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_module_imports_only_lower_layers(path: Path) -> None:
+    rel = path.relative_to(PACKAGE).with_suffix("").parts
+    assert violations(rel, path.read_text(encoding="utf-8")) == []
+
+
+@pytest.mark.parametrize(
+    ("rel", "source", "expected"),
+    [
+        (
+            ("core", "session"),
+            "from ..ops.metrics import Metrics\nfrom . import wire",
+            ["1: ops.metrics"],
+        ),
+        (("core", "dialects", "chat"), "from ...upstream import client", ["1: upstream"]),
+        (("core", "dialects", "chat"), "from .. import wire\nfrom .builder import x", []),
+        (("upstream", "runner"), "from ..ops.tracking import RunTrace", ["1: ops.tracking"]),
+        (("config",), "from .sim.app import create_sim_app", ["1: sim.app"]),
+        (("config",), "from .sim.settings import SimSettings", []),
+        (("ws_front",), "from .app import create_app", ["1: app"]),
+        (("cli",), "from .bench.runner import run", []),
+    ],
+)
+def test_rule_resolves_relative_imports(
+    rel: tuple[str, ...], source: str, expected: list[str]
+) -> None:
+    assert violations(rel, source) == expected
