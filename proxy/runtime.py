@@ -3,6 +3,7 @@ the values only known once it runs (the simulated upstream's URL, the tokenizer 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -13,7 +14,8 @@ from .core.context.manager import ContextManager
 from .core.conversation import CacheBudget
 from .core.session import UpstreamPolicy
 from .core.store import ResponseStore
-from .upstream.client import UpstreamClient
+from .upstream.client import FORWARDED_HEADERS, UpstreamClient
+from .upstream.runner import Channel
 from .upstream.tokenizer import TokenizeWorker
 
 
@@ -25,6 +27,12 @@ class AppState:
     simulated: bool = False
     tokenizer: TokenizeWorker | None = None  # exact token counts, in the background
     client_bytes_received: int = 0  # WebSocket text bytes from clients, all connections
+
+    def channel(self, client_headers: Mapping[str, str], label: str) -> Channel:
+        """Where the upstream requests made for one client go: the client's headers that are
+        forwarded (FORWARDED_HEADERS), and `label` to name the client in log lines."""
+        headers = {k: v for k, v in client_headers.items() if k.lower() in FORWARDED_HEADERS}
+        return Channel(self.upstream, headers, self.settings.upstream.max_event_bytes, label)
 
     # the core's parts the fronts read most, by their short names
     @property

@@ -53,8 +53,7 @@ from .core.store import owner_of
 from .ops.middleware import CLOSE_CODE, OPS, REQUEST_ID
 from .ops.tracking import RunTracker
 from .runtime import AppState
-from .upstream.client import FORWARDED_HEADERS
-from .upstream.runner import Abandon, run_upstream
+from .upstream.runner import Abandon
 
 log = logging.getLogger("wsmode.ws")
 
@@ -90,9 +89,7 @@ class ClientConnection:
             f"connection {self.id}",
             request.get(REQUEST_ID),
         )
-        self.upstream_headers = {
-            k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS
-        }
+        self.upstream = state.channel(request.headers, f"connection {self.id}")
         self.pumps: dict[int, asyncio.Task[None]] = {}
         self.tg: asyncio.TaskGroup | None = None
         self.responses = 0
@@ -262,7 +259,7 @@ class ClientConnection:
                     self.tracker.created(action)
                 case CountTokens():
                     if self.state.tokenizer is not None:
-                        self.state.tokenizer.submit(action.jobs, self.upstream_headers)
+                        self.state.tokenizer.submit(action.jobs, self.upstream.headers)
                 case _:
                     assert_never(action)
         if frames:
@@ -321,15 +318,8 @@ class ClientConnection:
         run_id = start.run_id
         trace = self.tracker.start(start) if isinstance(start, StartUpstream) else None
         try:
-            await run_upstream(
-                self.state.upstream,
-                self.session,
-                start,
-                self.upstream_headers,
-                self.state.settings.upstream.max_event_bytes,
-                lambda actions: self._execute(actions, run_id),
-                f"connection {self.id}",
-                trace,
+            await self.upstream.run(
+                self.session, start, lambda actions: self._execute(actions, run_id), trace
             )
         except WriteStalled:
             # leaving the runner closed the upstream request; the session fails the response

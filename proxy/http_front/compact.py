@@ -25,9 +25,7 @@ from ..core.errors import ProxyError, UpstreamError, previous_response_not_found
 from ..core.ids import new_id
 from ..core.store import owner_of
 from ..runtime import APP_STATE
-from ..upstream.client import FORWARDED_HEADERS
 from ..upstream.runner import compaction_log as log
-from ..upstream.runner import run_summary
 from . import passthrough
 from .responses import error_response, json_object
 
@@ -49,12 +47,11 @@ async def compact_response(request: web.Request) -> web.StreamResponse:
         prep = context.plan_compact(parent, req, owner)
         if prep.cut is not None:
             dialect = state.policy.dialect
-            headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
-            max_event = state.settings.upstream.max_event_bytes
+            upstream = state.channel(request.headers, f"compaction for {request.remote}")
             more = True
             while more:  # one request per chunk of the older part (context.summary_action)
                 action = context.summary_action(0, prep, req.model, dialect, req.instructions)
-                result = await run_summary(state.upstream, dialect, action, headers, max_event)
+                result = await upstream.summary(dialect, action)
                 more = context.absorb_summary(prep, result)
         output, usage = context.compact_output(prep, owner, new_id("cmp"))
     except UpstreamError as err:

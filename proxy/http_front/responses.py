@@ -35,8 +35,7 @@ from ..core.store import owner_of
 from ..ops.middleware import OPS, REQUEST_ID
 from ..ops.tracking import RunTracker
 from ..runtime import APP_STATE, AppState
-from ..upstream.client import FORWARDED_HEADERS
-from ..upstream.runner import Abandon, run_upstream
+from ..upstream.runner import Abandon
 
 log = logging.getLogger("wsmode.http")
 
@@ -55,7 +54,7 @@ class HttpExchange:
         self.request = request
         self.stream = stream
         self.session = state.core.session(owner_of(request.headers.get("Authorization")), 1)
-        self.headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED_HEADERS}
+        self.upstream = state.channel(request.headers, f"http {request.remote}")
         self.sse: web.StreamResponse | None = None
         self.pending: list[StartUpstream | Summarise] = []
         self.running: int | None = None  # the run whose upstream request is being read
@@ -78,16 +77,8 @@ class HttpExchange:
             while self.pending:
                 start = self.pending.pop(0)
                 self.running = start.run_id
-                await run_upstream(
-                    self.state.upstream,
-                    self.session,
-                    start,
-                    self.headers,
-                    self.state.settings.upstream.max_event_bytes,
-                    self.execute,
-                    f"http {self.request.remote}",
-                    self.tracker.start(start) if isinstance(start, StartUpstream) else None,
-                )
+                trace = self.tracker.start(start) if isinstance(start, StartUpstream) else None
+                await self.upstream.run(self.session, start, self.execute, trace)
         except ConnectionError:
             self.session.client_gone()  # the client left; leaving pump closed the upstream
             raise
@@ -115,7 +106,7 @@ class HttpExchange:
                     self.pending.append(action)
                 case CountTokens():
                     if self.state.tokenizer is not None:
-                        self.state.tokenizer.submit(action.jobs, self.headers)
+                        self.state.tokenizer.submit(action.jobs, self.upstream.headers)
                 case RunCreated():
                     self.tracker.created(action)
                 case Finished():

@@ -1,9 +1,11 @@
 """The one runner of the upstream requests a session asks for: a response or a summary.
 
-`run_upstream` takes either kind of request a session returns (`StartUpstream`, `Summarise`)
-and is shared by the WebSocket front, the HTTP front and `POST /v1/responses/compact`.
+A front makes one `Channel` per connection (or HTTP request): the upstream client, the
+client's headers that go upstream, the event size bound and a label for the logs.
+`Channel.run` takes either kind of request a session returns (`StartUpstream`,
+`Summarise`); the WebSocket front, the HTTP front and `POST /v1/responses/compact` all use it.
 
-A response (`stream_response`): POST, decode the SSE stream, hand each event to the session.
+A response (`Channel.respond`): POST, decode the SSE stream, hand each event to the session.
 `execute` runs the session's actions; if it raises (the client vanished mid-write, or stopped
 reading for too long), the exception propagates and leaving the upstream stream's context
 closes the upstream connection, which stops generation there. `execute` awaits each write, so
@@ -18,7 +20,7 @@ executor acts on `CancelUpstream`: for another run it cancels that run's task; f
 whose batch it is executing it raises `Abandon` once the whole batch is executed, and the
 runner leaves the stream without draining, which closes the upstream request.
 
-A summary (`run_summary`), the summarising request of a compaction: its events stay here.
+A summary (`Channel.summary`), the summarising request of a compaction: its events stay here.
 The core plans it, this module runs it with the dialect's own translator and returns the
 output items and usage; nothing reaches the client, and the session gets the result back
 (`summary_done` / `summary_failed`).
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..core.actions import Action, Send, StartUpstream, Summarise
@@ -35,7 +38,7 @@ from ..core.context.manager import SummaryResult
 from ..core.dialects import Dialect
 from ..core.errors import UpstreamError
 from ..core.session import Session
-from ..core.sse import SSEDecoder, SSEEventTooLarge
+from ..core.sse import SSEDecoder, SSEEvent, SSEEventTooLarge
 from .client import UpstreamClient, request_body
 
 log = logging.getLogger("wsmode.upstream")
@@ -64,77 +67,78 @@ class Abandon(Exception):
     the runner leaves the stream at once and closes the upstream request, without draining."""
 
 
-async def stream_response(
-    upstream: UpstreamClient,
-    session: Session,
-    start: StartUpstream,
-    headers: Mapping[str, str],
-    max_event_bytes: int,
-    execute: Execute,
-    label: str,
-    trace: Trace | None = None,
-) -> None:
-    run_id = start.run_id
-    decoder = SSEDecoder(max_event_bytes)
-    debug = log.isEnabledFor(logging.DEBUG)  # per-event lines only when asked for
-    on_sent = trace.sent if trace is not None else None
-    try:
-        async with upstream.stream(
-            start.path, request_body(start.body), headers, on_sent=on_sent
-        ) as chunks:
-            async for chunk in chunks:
-                if trace is not None:
-                    trace.chunk(len(chunk))
-                # the events of one chunk are executed together: their frames go out in
-                # one write (ws_front), not one write and one syscall each
-                actions: list[Action] = []
-                for event in decoder.feed(chunk):
-                    if debug:  # the type and size, never the payload
-                        log.debug(
-                            "%s upstream event %s (%d bytes)", label, event.event, len(event.data)
-                        )
-                    actions += session.upstream_event(run_id, event)
+@dataclass(frozen=True, slots=True)
+class Channel:
+    """Where one front's upstream requests go."""
+
+    client: UpstreamClient
+    headers: Mapping[str, str]  # the client's headers forwarded upstream (FORWARDED_HEADERS)
+    max_event_bytes: int  # upstream.max_event_bytes
+    label: str  # "connection conn_...", "http 127.0.0.1": who the log lines are about
+
+    async def run(
+        self,
+        session: Session,
+        action: StartUpstream | Summarise,
+        execute: Execute,
+        trace: Trace | None = None,
+    ) -> None:
+        """Run either kind of upstream request a session asks for (`trace`: a response's)."""
+        if isinstance(action, Summarise):
+            await self._summarise(session, action, execute)
+        else:
+            await self.respond(session, action, execute, trace)
+
+    async def respond(
+        self, session: Session, start: StartUpstream, execute: Execute, trace: Trace | None
+    ) -> None:
+        run_id = start.run_id
+        decoder = SSEDecoder(self.max_event_bytes)
+        debug = log.isEnabledFor(logging.DEBUG)  # per-event lines only when asked for
+        on_sent = trace.sent if trace is not None else None
+        body = request_body(start.body)
+        try:
+            async with self.client.stream(
+                start.path, body, self.headers, on_sent=on_sent
+            ) as chunks:
+                async for chunk in chunks:
+                    if trace is not None:
+                        trace.chunk(len(chunk))
+                    # the events of one chunk are executed together: their frames go out in
+                    # one write (ws_front), not one write and one syscall each
+                    actions: list[Action] = []
+                    for event in _events(decoder, chunk):
+                        if debug:  # the type and size, never the payload
+                            log.debug(
+                                "%s upstream event %s (%d bytes)",
+                                self.label,
+                                event.event,
+                                len(event.data),
+                            )
+                        actions += session.upstream_event(run_id, event)
+                        if not session.is_active(run_id):
+                            break
+                    if trace is not None and trace.first_sent is None and _sends(actions):
+                        trace.delivered()  # the first event is handed to the client's writer
+                    await execute(actions)  # raises Abandon if they cancelled this run
                     if not session.is_active(run_id):
-                        break
-                if trace is not None and trace.first_sent is None and _sends(actions):
-                    trace.delivered()  # the first event is handed to the client's writer now
-                await execute(actions)  # raises Abandon if they cancelled this run
-                if not session.is_active(run_id):
-                    return  # it ended: the rest ([DONE]) is drained for reuse
-            await execute(session.upstream_eof(run_id))
-    except Abandon:
-        pass  # leaving the stream early closed the upstream request
-    except UpstreamError as err:
-        log.warning("%s upstream failure (%s): %s", label, err.status, err.message)
-        if trace is not None:
-            trace.failed(err)
-        await execute(session.upstream_failed(run_id, err))
-    except SSEEventTooLarge as exc:
-        too_large = UpstreamError(str(exc), started=True, code="upstream_event_too_large")
-        log.warning("%s upstream failure: %s", label, too_large.message)
-        if trace is not None:
-            trace.failed(too_large)
-        await execute(session.upstream_failed(run_id, too_large))
+                        return  # it ended: the rest ([DONE]) is drained for reuse
+                await execute(session.upstream_eof(run_id))
+        except Abandon:
+            pass  # leaving the stream early closed the upstream request
+        except UpstreamError as err:
+            log.warning("%s upstream failure (%s): %s", self.label, err.status, err.message)
+            if trace is not None:
+                trace.failed(err)
+            await execute(session.upstream_failed(run_id, err))
 
-
-def _sends(actions: list[Action]) -> bool:
-    return any(isinstance(a, Send) for a in actions)
-
-
-async def run_summary(
-    upstream: UpstreamClient,
-    dialect: Dialect,
-    action: Summarise,
-    headers: Mapping[str, str],
-    max_event_bytes: int,
-) -> SummaryResult:
-    """Raises UpstreamError when the upstream fails or ends without a terminal event."""
-    decoder = SSEDecoder(max_event_bytes)
-    stream = dialect.translator({}, {"model": "", "store": False})
-    try:
-        async with upstream.stream(action.path, b"".join(action.body), headers) as chunks:
+    async def summary(self, dialect: Dialect, action: Summarise) -> SummaryResult:
+        """Raises UpstreamError when the upstream fails or ends without a terminal event."""
+        decoder = SSEDecoder(self.max_event_bytes)
+        stream = dialect.translator({}, {"model": "", "store": False})
+        async with self.client.stream(action.path, b"".join(action.body), self.headers) as chunks:
             async for chunk in chunks:
-                for event in decoder.feed(chunk):
+                for event in _events(decoder, chunk):
                     stream.feed(event)
                     if stream.outcome is not None:
                         break
@@ -142,48 +146,32 @@ async def run_summary(
                     break
             else:
                 stream.eof()
+        assert stream.outcome is not None
+        usage = (stream.response or {}).get("usage")
+        return SummaryResult(
+            stream.outcome, stream.output, usage if isinstance(usage, dict) else None
+        )
+
+    async def _summarise(self, session: Session, action: Summarise, execute: Execute) -> None:
+        """Run a session's `Summarise` action and execute what the session does next."""
+        try:
+            result = await self.summary(session.policy.dialect, action)
+        except UpstreamError as err:
+            compaction_log.warning(
+                "%s compaction failed (%s): %s", self.label, err.status, err.message
+            )
+            await execute(session.summary_failed(action.run_id, err))
+            return
+        await execute(session.summary_done(action.run_id, result))
+
+
+def _events(decoder: SSEDecoder, chunk: bytes) -> list[SSEEvent]:
+    """The chunk's complete events; an event over the size bound is the upstream's fault."""
+    try:
+        return decoder.feed(chunk)
     except SSEEventTooLarge as exc:
         raise UpstreamError(str(exc), started=True, code="upstream_event_too_large") from None
-    assert stream.outcome is not None
-    usage = (stream.response or {}).get("usage")
-    return SummaryResult(stream.outcome, stream.output, usage if isinstance(usage, dict) else None)
 
 
-async def run_upstream(
-    upstream: UpstreamClient,
-    session: Session,
-    action: StartUpstream | Summarise,
-    headers: Mapping[str, str],
-    max_event_bytes: int,
-    execute: Execute,
-    label: str,
-    trace: Trace | None = None,
-) -> None:
-    """Run either kind of upstream request a session asks for (`trace`: a response's)."""
-    if isinstance(action, Summarise):
-        await summarise(upstream, session, action, headers, max_event_bytes, execute, label)
-    else:
-        await stream_response(
-            upstream, session, action, headers, max_event_bytes, execute, label, trace
-        )
-
-
-async def summarise(
-    upstream: UpstreamClient,
-    session: Session,
-    action: Summarise,
-    headers: Mapping[str, str],
-    max_event_bytes: int,
-    execute: Execute,
-    label: str,
-) -> None:
-    """Run a session's `Summarise` action and execute what the session does next."""
-    try:
-        result = await run_summary(
-            upstream, session.policy.dialect, action, headers, max_event_bytes
-        )
-    except UpstreamError as err:
-        compaction_log.warning("%s compaction failed (%s): %s", label, err.status, err.message)
-        await execute(session.summary_failed(action.run_id, err))
-        return
-    await execute(session.summary_done(action.run_id, result))
+def _sends(actions: list[Action]) -> bool:
+    return any(isinstance(a, Send) for a in actions)
