@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import seconds
+from tests.helpers import seconds
 
 SCENARIOS = ("agent-loop", "overhead", "relay", "scale")
 

@@ -16,7 +16,8 @@ from websockets.asyncio.client import connect
 from wsmode.sim.app import SIM_STATE, SimState, create_sim_app
 from wsmode.sim.chat import chat_completions
 
-from tests.conftest import (
+from tests.event_checks import check_sequence
+from tests.helpers import (
     FAST_SIM,
     Proxy,
     Sim,
@@ -30,7 +31,6 @@ from tests.conftest import (
     until_terminal,
     user,
 )
-from tests.event_checks import check_sequence
 
 TOOLS = [
     {

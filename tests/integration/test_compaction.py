@@ -4,7 +4,6 @@ as clients."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,7 +16,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from wsmode.core.context.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
 from wsmode.sim.model import SUMMARY_LEAD, count_tokens
 
-from tests.conftest import Proxy, Sim, create, seconds, send, until_terminal, user
+from tests.helpers import Proxy, Sim, create, send, until, until_terminal, user
 
 WINDOW = 1600
 TURNS = 40
@@ -224,10 +223,7 @@ async def test_exact_counts_come_from_the_upstream_tokenizer(
             prev = (await turn(ws, **fields))[-1]["response"]["id"]
     tokenizer = proxy.state.tokenizer
     assert tokenizer is not None
-    for _ in range(100):
-        if tokenizer.counted >= 4:
-            break
-        await asyncio.sleep(seconds(0.05))
+    await until(lambda: tokenizer.counted >= 4)
     assert sim.state.tokenize_calls >= 4 and tokenizer.counted >= 4
     assert proxy.state.context is not None and proxy.state.context.tokenize
 
@@ -250,10 +246,7 @@ async def test_an_upstream_without_a_tokenizer_switches_exact_counts_off(
             done = (await turn(ws, **fields))[-1]
             assert done["type"] == "response.completed"
             prev = done["response"]["id"]
-    for _ in range(100):  # the worker's one attempt answers 404
-        if not context.tokenize:
-            break
-        await asyncio.sleep(seconds(0.05))
+    await until(lambda: not context.tokenize)  # the worker's one attempt answers 404
     assert context.tokenize is False
     assert proxy.state.tokenizer is not None and proxy.state.tokenizer.counted == 0
 

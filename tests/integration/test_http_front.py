@@ -9,7 +9,7 @@ import orjson
 from openai import AsyncOpenAI
 from websockets.asyncio.client import connect
 
-from tests.conftest import Proxy, Sim, create, post_responses, recv, send, until_terminal, user
+from tests.helpers import Proxy, Sim, create, post_responses, recv, send, until_terminal, user
 
 KEY_A = {"Authorization": "Bearer sk-a"}
 KEY_B = {"Authorization": "Bearer sk-b"}

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 import pytest
@@ -22,8 +21,8 @@ from openai import AsyncOpenAI
 from websockets.asyncio.client import connect
 
 from tests.chat_streams import ROOT, SHARED_UPSTREAMS
-from tests.conftest import Proxy, create, send, until_terminal
 from tests.event_checks import check_sequence
+from tests.helpers import Proxy, create, send, until_sync, until_terminal
 
 pytestmark = pytest.mark.llamacpp
 
@@ -75,18 +74,26 @@ def llamacpp() -> Iterator[str]:
     out_path, log_path = CACHE / "server.out", CACHE / "server.log"
     with open(out_path, "wb") as out, open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, stdout=out, stderr=log)
+
+    def did_not_start() -> NoReturn:
+        tail = log_path.read_text(errors="replace")[-2000:]
+        pytest.fail(f"llama.cpp server did not start:\n{tail}")
+
+    def listening() -> str | None:
+        urls = [
+            line.split()[1].rstrip("/")
+            for line in out_path.read_text(errors="replace").splitlines()
+            if line.startswith("LISTENING ")
+        ]
+        if not urls and proc.poll() is not None:
+            did_not_start()
+        return urls[-1] if urls else None
+
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        url = None
-        while url is None:
-            for line in out_path.read_text(errors="replace").splitlines():
-                if line.startswith("LISTENING "):
-                    url = line.split()[1].rstrip("/")
-            if url is None:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    tail = log_path.read_text(errors="replace")[-2000:]
-                    pytest.fail(f"llama.cpp server did not start:\n{tail}")
-                time.sleep(0.1)
+        try:
+            url = until_sync(listening, START_TIMEOUT, every=0.1)
+        except AssertionError:
+            did_not_start()
         yield f"{url}/v1"
     finally:
         proc.terminate()

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 from openai import AsyncOpenAI, OpenAI
 
-from tests.conftest import Proxy, Sim, sdk_terminal, seconds, user
+from tests.helpers import Proxy, Sim, sdk_terminal, seconds, user
 
 TOOLS = [
     {

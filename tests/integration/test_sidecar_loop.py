@@ -16,7 +16,7 @@ import pytest
 from openai import AsyncOpenAI
 from wsmode.core.sse import SSEDecoder
 
-from tests.conftest import Proxy, Sidecar, Sim, seconds, user
+from tests.helpers import Proxy, Sidecar, Sim, until, user
 
 TOOLS = [
     {
@@ -234,7 +234,6 @@ async def test_previous_response_not_found_resends_the_full_request_once(
 async def test_client_vanishing_mid_stream_cancels_upstream(
     sim_factory: Any, proxy_factory: Any, sidecar_factory: Any
 ) -> None:
-    import asyncio
 
     sim = await sim_factory(tokens_per_second=20, output_tokens=1000)
     front = await proxy_factory(sim.url)
@@ -248,13 +247,7 @@ async def test_client_vanishing_mid_stream_cancels_upstream(
     assert sim.state.active == 1
     r.close()  # the client goes away without reading the rest
     await http.close()
-    for _ in range(int(seconds(200))):
-        if sim.state.cancelled == 1 and sim.state.active == 0:
-            break
-        await asyncio.sleep(0.02)
+    await until(lambda: sim.state.cancelled == 1 and sim.state.active == 0)
     assert sim.state.cancelled == 1 and sim.state.active == 0 and sim.state.completed == 0
-    for _ in range(int(seconds(200))):
-        if sidecar.state.pool.open_count == 0:
-            break
-        await asyncio.sleep(0.02)
+    await until(lambda: sidecar.state.pool.open_count == 0)
     assert sidecar.state.pool.open_count == 0  # that socket is not reused

@@ -26,7 +26,7 @@ from wsmode.core.dialects.responses import ResponsesDialect
 from wsmode.core.errors import UpstreamError
 from wsmode.core.session import Action, CancelUpstream, Session, UpstreamPolicy
 
-from tests.unit.test_session import (
+from tests.unit.session_helpers import (
     HUGE,
     assistant,
     body_of,

@@ -9,7 +9,7 @@ import pytest
 from wsmode.core.session import CancelUpstream, Close, SessionLimits
 from wsmode.core.steering import SteerRejected, parse_steer, required_input
 
-from tests.unit.test_session import (
+from tests.unit.session_helpers import (
     body_of,
     create,
     created,
