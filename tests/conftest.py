@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from openai import AsyncOpenAI
 from wsmode.app import create_app
 from wsmode.runtime import APP_STATE
 from wsmode.sidecar.app import SIDECAR, create_sidecar_app
@@ -67,6 +68,21 @@ async def proxy_factory() -> AsyncIterator[Callable[..., Awaitable[Proxy]]]:
 @pytest.fixture
 async def proxy(sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]]) -> Proxy:
     return await proxy_factory(sim.url)
+
+
+@pytest.fixture
+async def openai_client() -> AsyncIterator[Callable[..., AsyncOpenAI]]:
+    """`make(base_url, **options)`: an openai SDK client, closed after the test, so the
+    sockets of its HTTP connection pool never outlive the event loop (ResourceWarning)."""
+    made: list[AsyncOpenAI] = []
+
+    def make(base_url: str, **options: Any) -> AsyncOpenAI:
+        made.append(AsyncOpenAI(base_url=base_url, **options))
+        return made[-1]
+
+    yield make
+    for client in made:
+        await client.close()
 
 
 @pytest.fixture

@@ -294,6 +294,8 @@ def running(args: list[str], env: dict[str, str] | None = None) -> Iterator[subp
     finally:
         proc.terminate()
         proc.wait(timeout=seconds(10))
+        if proc.stderr is not None:  # read by `communicate`, or not at all
+            proc.stderr.close()
 
 
 async def wait_healthy(base: str) -> dict[str, object]:

@@ -26,6 +26,7 @@ AUTH = {"Authorization": "Bearer sk-a"}
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
 SimFactory = Callable[..., Awaitable[Sim]]
+OpenAIClient = Callable[..., AsyncOpenAI]
 
 
 def fact(i: int) -> str:
@@ -254,8 +255,10 @@ async def test_an_upstream_without_a_tokenizer_switches_exact_counts_off(
 # ------------------------------------------------------------------ POST /v1/responses/compact
 
 
-async def test_compact_endpoint_round_trip_with_the_sdk(proxy: Proxy, sim: Sim) -> None:
-    client = AsyncOpenAI(base_url=proxy.http, api_key="sk-a")
+async def test_compact_endpoint_round_trip_with_the_sdk(
+    proxy: Proxy, sim: Sim, openai_client: OpenAIClient
+) -> None:
+    client = openai_client(proxy.http, api_key="sk-a")
     dev = {"type": "message", "role": "developer", "content": "You are a careful agent."}
     conversation = [dev, *(user(fact(i)) for i in range(8)), user("latest question")]
     compacted = await client.responses.compact(model="sim", input=conversation)
@@ -304,12 +307,14 @@ async def test_compact_from_a_stored_response(proxy: Proxy, sim: Sim) -> None:
     assert status == 400 and err["error"]["code"] == "previous_response_not_found"
 
 
-async def test_compact_without_model_is_a_400(proxy: Proxy, sim: Sim) -> None:
+async def test_compact_without_model_is_a_400(
+    proxy: Proxy, sim: Sim, openai_client: OpenAIClient
+) -> None:
     status, err = await post(proxy, "/responses/compact", {"input": "hello"})
     assert status == 400
     assert err["error"]["code"] == "missing_required_parameter"
     assert err["error"]["param"] == "model"
-    client = AsyncOpenAI(base_url=proxy.http, api_key="sk-a")
+    client = openai_client(proxy.http, api_key="sk-a")
     with pytest.raises(BadRequestError) as info:
         await client.responses.compact(model="", input="hello")
     assert info.value.status_code == 400

@@ -6,7 +6,6 @@ from typing import Any
 
 import aiohttp
 import orjson
-from openai import AsyncOpenAI
 from websockets.asyncio.client import connect
 
 from tests.helpers import Proxy, Sim, create, post_responses, recv, send, until_terminal, user
@@ -151,8 +150,8 @@ async def test_mid_stream_failure_over_sse(proxy: Proxy, sim: Sim) -> None:
     assert status == 502 and doc["error"]["code"] == "upstream_unavailable"
 
 
-async def test_openai_sdk_over_http(proxy: Proxy) -> None:
-    client = AsyncOpenAI(base_url=proxy.http, api_key="sk-a")
+async def test_openai_sdk_over_http(proxy: Proxy, openai_client: Any) -> None:
+    client = openai_client(proxy.http, api_key="sk-a")
     first = await client.responses.create(model="sim", input="hi")
     assert first.output_text
     stream = await client.responses.create(

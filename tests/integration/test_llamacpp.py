@@ -17,7 +17,6 @@ from typing import Any, NoReturn
 
 import orjson
 import pytest
-from openai import AsyncOpenAI
 from websockets.asyncio.client import connect
 
 from tests.chat_streams import ROOT, SHARED_UPSTREAMS
@@ -182,7 +181,7 @@ async def test_five_chained_turns_with_a_tool_call_over_websocket(
 
 
 async def test_repaired_responses_stream_and_auto(
-    llamacpp: str, proxy_factory: ProxyFactory
+    llamacpp: str, proxy_factory: ProxyFactory, openai_client: Any
 ) -> None:
     """llama.cpp's own /v1/responses, repaired: the SDK's stream helper works over HTTP and a
     chain of turns works over WebSocket mode. `auto` picks the Responses endpoint here."""
@@ -190,7 +189,7 @@ async def test_repaired_responses_stream_and_auto(
     assert px.state.policy.dialect.name == "responses (auto)"
     doc = _fewshot()
     settings = _settings(doc)
-    client = AsyncOpenAI(base_url=px.http, api_key="sk-none", timeout=TURN_TIMEOUT)
+    client = openai_client(px.http, api_key="sk-none", timeout=TURN_TIMEOUT)
     stream_kwargs = {k: v for k, v in settings.items() if k not in ("stop", "model")}
     async with client.responses.stream(
         model=settings["model"],

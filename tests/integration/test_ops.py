@@ -10,7 +10,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from openai import AsyncOpenAI
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
@@ -154,9 +153,11 @@ def deque_empty() -> Any:
     return deque(maxlen=10_000)
 
 
-async def test_openai_sdk_with_proxy_key(sim: Sim, proxy_factory: ProxyFactory) -> None:
+async def test_openai_sdk_with_proxy_key(
+    sim: Sim, proxy_factory: ProxyFactory, openai_client: Any
+) -> None:
     proxy = await proxy_factory(sim.url, auth__api_keys=(KEY,), upstream__api_key="sk-upstream")
-    client = AsyncOpenAI(base_url=proxy.http, api_key=KEY, max_retries=0)
+    client = openai_client(proxy.http, api_key=KEY, max_retries=0)
     async with client.responses.connect() as conn:
         await conn.response.create(model="sim", input="hi", store=False)
         async for ev in conn:
@@ -164,7 +165,7 @@ async def test_openai_sdk_with_proxy_key(sim: Sim, proxy_factory: ProxyFactory) 
                 break
     # the configured upstream credential replaced the client's proxy key
     assert last_upstream(sim, "Authorization") == "Bearer sk-upstream"
-    bad = AsyncOpenAI(base_url=proxy.http, api_key="sk-nope", max_retries=0)
+    bad = openai_client(proxy.http, api_key="sk-nope", max_retries=0)
     with pytest.raises(Exception) as info:
         async with bad.responses.connect() as conn:
             await conn.response.create(model="sim", input="hi")
