@@ -1,6 +1,6 @@
 """What one turn's upstream body costs on a 4 MB history, per dialect.
 
-    python bench/chat_translation.py [--mb 4] [--runs 30]
+    python -m wsmode.bench.chat_translation [--mb 4] [--runs 30]
 
 Side by side, medians of `--runs` turns on the same history (the cached items are the same
 bytes objects every turn, as the conversation cache holds them):

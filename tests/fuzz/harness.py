@@ -13,6 +13,7 @@ model's stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
@@ -27,7 +28,7 @@ from wsmode.ops.middleware import OPS
 from wsmode.runtime import APP_STATE
 from wsmode.sim.app import SIM_STATE, create_sim_app
 
-from tests.conftest import FAST_SIM, Served, serve
+from tests.helpers import FAST_SIM, Served, serve, until
 
 T = TypeVar("T")
 
@@ -68,13 +69,16 @@ class Stack:
             "cache_entries": state.cache_budget.entries,
         }
 
-    async def settled(self, baseline: dict[str, int], tries: int = 300) -> dict[str, int]:
+    async def settled(self, baseline: dict[str, int], timeout: float = 3) -> dict[str, int]:
+        """The snapshot once it is back at `baseline`, or after `timeout` whatever it is (the
+        caller compares, so hypothesis reports the difference)."""
+
+        async def back() -> bool:
+            return await self.snapshot() == baseline
+
+        with contextlib.suppress(AssertionError):
+            await until(back, timeout)
         snap = await self.snapshot()
-        for _ in range(tries):
-            if snap == baseline:
-                break
-            await asyncio.sleep(0.01)
-            snap = await self.snapshot()
         if snap != baseline:  # name what is left, for the failure message
             snap["leftover"] = [repr(t.get_coro())[:200] for t in asyncio.all_tasks()]  # type: ignore[assignment]
         return snap

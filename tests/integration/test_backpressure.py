@@ -18,8 +18,20 @@ from typing import Any
 from websockets.asyncio.client import connect
 from wsmode.ops.middleware import OPS
 
-from tests.conftest import Proxy, Sim, create, recv, seconds, send, until_terminal
-from tests.integration.test_ops import sample, scrape
+from tests.helpers import (
+    Metrics,
+    Proxy,
+    Sim,
+    create,
+    recv,
+    sample,
+    scrape,
+    scrape_until,
+    seconds,
+    send,
+    until,
+    until_terminal,
+)
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
 BOUND = 256 * 1024
@@ -52,21 +64,18 @@ async def test_client_that_stops_reading(
         transport = conn.request.transport
         # stalled: while the response is blocked, our buffer stays within the bound and
         # the upstream is not read to the end
-        peak = 0
-        for _ in range(400):
-            peak = max(peak, transport.get_write_buffer_size())
-            m = await scrape(proxy)
-            if sample(m, "wsmode_slow_client_cancellations_total") == 1:
-                break
-            await asyncio.sleep(seconds(0.01))
+        peaks: list[int] = []
+
+        def cancelled(m: Metrics) -> bool:
+            peaks.append(transport.get_write_buffer_size())
+            return sample(m, "wsmode_slow_client_cancellations_total") == 1
+
+        m = await scrape_until(proxy, cancelled)
         assert sample(m, "wsmode_slow_client_cancellations_total") == 1
-        assert peak <= BOUND
+        assert max(peaks) <= BOUND
         upstream_read = sample(m, "wsmode_upstream_bytes_received_total")
         assert 0 < upstream_read < 0.2 * TOKENS * 150  # paused long before the end
-        for _ in range(200):  # the upstream request was closed
-            if sim.state.cancelled == 1:
-                break
-            await asyncio.sleep(seconds(0.01))
+        await until(lambda: sim.state.cancelled == 1)  # the upstream request was closed
         assert sim.state.cancelled == 1 and sim.state.completed == 0
         # the client reads again: everything queued, then a terminal failure and the reason
         events: list[dict[str, Any]] = [first, *await until_terminal(ws, timeout=30)]
@@ -118,11 +127,12 @@ async def test_http_sse_client_that_stops_reading(
     await writer.drain()
     assert (await reader.readline()).startswith(b"HTTP/1.1 200")
     # ...and now we read nothing more
-    for _ in range(500):
-        m = await scrape(proxy)
-        if sample(m, "wsmode_slow_client_cancellations_total") == 1 and sim.state.cancelled:
-            break
-        await asyncio.sleep(seconds(0.01))
+    m = await scrape_until(
+        proxy,
+        lambda m: (
+            sample(m, "wsmode_slow_client_cancellations_total") == 1 and bool(sim.state.cancelled)
+        ),
+    )
     assert sample(m, "wsmode_slow_client_cancellations_total") == 1
     assert sim.state.cancelled == 1 and sim.state.completed == 0
     assert sample(m, "wsmode_upstream_bytes_received_total") < 0.2 * TOKENS * 150

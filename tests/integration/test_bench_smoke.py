@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import seconds
+from tests.helpers import seconds
 
 SCENARIOS = ("agent-loop", "overhead", "relay", "scale")
 
@@ -60,3 +60,18 @@ def test_smallest_bench_run_writes_a_complete_report(tmp_path: Path) -> None:
     assert results <= {"PASS", "FAIL", "NOT RUN"}
     assert len(report["targets"]) == 14
     assert "targets" in proc.stdout and "method" in proc.stdout
+
+
+def test_chat_translation_bench_runs_as_a_module(tmp_path: Path) -> None:
+    """`python -m wsmode.bench.chat_translation`, as its usage line says, on a tiny history."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "wsmode.bench.chat_translation", "--mb", "0.05", "--runs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=seconds(60),
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = ("responses (concatenation)", "chat, memo, chained turns", "chat, no memo")
+    assert all(row in proc.stdout for row in rows), proc.stdout

@@ -11,12 +11,13 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from openai import AsyncOpenAI, OpenAI
+from openai import OpenAI
 from websockets.asyncio.client import connect
 from wsmode.sim.app import SIM_STATE, SimState, create_sim_app
 from wsmode.sim.chat import chat_completions
 
-from tests.conftest import (
+from tests.event_checks import check_sequence
+from tests.helpers import (
     FAST_SIM,
     Proxy,
     Sim,
@@ -30,7 +31,6 @@ from tests.conftest import (
     until_terminal,
     user,
 )
-from tests.event_checks import check_sequence
 
 TOOLS = [
     {
@@ -82,8 +82,10 @@ async def test_same_canonical_sequence_as_a_responses_upstream(
     assert not {"input", "store", "previous_response_id"} & upstream.keys()
 
 
-async def test_sdk_warmup_then_chained_turn(chat_proxy: Proxy, sim: Sim) -> None:
-    client = AsyncOpenAI(base_url=chat_proxy.http, api_key="sk-test")
+async def test_sdk_warmup_then_chained_turn(
+    chat_proxy: Proxy, sim: Sim, openai_client: Any
+) -> None:
+    client = openai_client(chat_proxy.http, api_key="sk-test")
     async with client.responses.connect() as conn:
         await conn.response.create(model="sim", input="Say hi", generate=False, store=False)
         warm = await sdk_terminal(conn)
@@ -105,10 +107,12 @@ async def test_sdk_warmup_then_chained_turn(chat_proxy: Proxy, sim: Sim) -> None
     ]
 
 
-async def test_sdk_twenty_turn_tool_loop_store_false(chat_proxy: Proxy, sim: Sim) -> None:
+async def test_sdk_twenty_turn_tool_loop_store_false(
+    chat_proxy: Proxy, sim: Sim, openai_client: Any
+) -> None:
     """Each turn sends only a function_call_output plus previous_response_id; the Chat
     upstream must receive the whole conversation as messages every time."""
-    client = AsyncOpenAI(base_url=chat_proxy.http, api_key="sk-test")
+    client = openai_client(chat_proxy.http, api_key="sk-test")
     new_input: list[Any] = [user("Fix the failing build.")]
     messages: list[Any] = [{"role": "user", "content": "Fix the failing build."}]
     items = 1
@@ -152,8 +156,10 @@ async def test_sdk_twenty_turn_tool_loop_store_false(chat_proxy: Proxy, sim: Sim
 
 async def test_sync_sdk_client(chat_proxy: Proxy) -> None:
     def run() -> str:
-        client = OpenAI(base_url=chat_proxy.http, api_key="sk-test")
-        with client.responses.connect() as conn:
+        with (
+            OpenAI(base_url=chat_proxy.http, api_key="sk-test") as client,
+            client.responses.connect() as conn,
+        ):
             conn.response.create(model="sim", input="hi", store=False)
             for ev in conn:
                 if ev.type in TERMINAL:
@@ -355,8 +361,8 @@ async def test_http_streaming_and_not(chat_proxy: Proxy, sim: Sim) -> None:
     assert [m["role"] for m in sim.bodies()[-1]["messages"]] == ["user", "assistant", "user"]
 
 
-async def test_openai_sdk_over_http(chat_proxy: Proxy) -> None:
-    client = AsyncOpenAI(base_url=chat_proxy.http, api_key="sk-a")
+async def test_openai_sdk_over_http(chat_proxy: Proxy, openai_client: Any) -> None:
+    client = openai_client(chat_proxy.http, api_key="sk-a")
     first = await client.responses.create(model="sim", input="hi")
     assert first.output_text
     stream = await client.responses.create(

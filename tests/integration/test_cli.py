@@ -2,50 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 
-import aiohttp
 from websockets.asyncio.client import connect
 
-from tests.conftest import create, seconds, send, until_terminal
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def running(args: list[str], env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wsmode", *args],
-        env={**os.environ, **(env or {})},
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=seconds(10))
-
-
-async def wait_healthy(base: str) -> dict[str, object]:
-    async with aiohttp.ClientSession() as http:
-        for _ in range(200):
-            try:
-                async with http.get(f"{base}/healthz") as r:
-                    return dict(await r.json())
-            except aiohttp.ClientConnectionError:
-                await asyncio.sleep(seconds(0.05))
-    raise AssertionError("server never became healthy")
+from tests.helpers import create, free_port, running, seconds, send, until_terminal, wait_healthy
 
 
 async def test_serve_without_upstream_fronts_the_simulator() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import seconds
+from tests.helpers import seconds
 
 CODEX = os.environ.get("CODEX_BIN", "")
 pytestmark = pytest.mark.skipif(not CODEX, reason="set CODEX_BIN to run Codex CLI")

@@ -4,7 +4,6 @@ as clients."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,7 +16,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from wsmode.core.context.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
 from wsmode.sim.model import SUMMARY_LEAD, count_tokens
 
-from tests.conftest import Proxy, Sim, create, seconds, send, until_terminal, user
+from tests.helpers import Proxy, Sim, create, send, until, until_terminal, user
 
 WINDOW = 1600
 TURNS = 40
@@ -27,6 +26,7 @@ AUTH = {"Authorization": "Bearer sk-a"}
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
 SimFactory = Callable[..., Awaitable[Sim]]
+OpenAIClient = Callable[..., AsyncOpenAI]
 
 
 def fact(i: int) -> str:
@@ -224,10 +224,7 @@ async def test_exact_counts_come_from_the_upstream_tokenizer(
             prev = (await turn(ws, **fields))[-1]["response"]["id"]
     tokenizer = proxy.state.tokenizer
     assert tokenizer is not None
-    for _ in range(100):
-        if tokenizer.counted >= 4:
-            break
-        await asyncio.sleep(seconds(0.05))
+    await until(lambda: tokenizer.counted >= 4)
     assert sim.state.tokenize_calls >= 4 and tokenizer.counted >= 4
     assert proxy.state.context is not None and proxy.state.context.tokenize
 
@@ -250,10 +247,7 @@ async def test_an_upstream_without_a_tokenizer_switches_exact_counts_off(
             done = (await turn(ws, **fields))[-1]
             assert done["type"] == "response.completed"
             prev = done["response"]["id"]
-    for _ in range(100):  # the worker's one attempt answers 404
-        if not context.tokenize:
-            break
-        await asyncio.sleep(seconds(0.05))
+    await until(lambda: not context.tokenize)  # the worker's one attempt answers 404
     assert context.tokenize is False
     assert proxy.state.tokenizer is not None and proxy.state.tokenizer.counted == 0
 
@@ -261,8 +255,10 @@ async def test_an_upstream_without_a_tokenizer_switches_exact_counts_off(
 # ------------------------------------------------------------------ POST /v1/responses/compact
 
 
-async def test_compact_endpoint_round_trip_with_the_sdk(proxy: Proxy, sim: Sim) -> None:
-    client = AsyncOpenAI(base_url=proxy.http, api_key="sk-a")
+async def test_compact_endpoint_round_trip_with_the_sdk(
+    proxy: Proxy, sim: Sim, openai_client: OpenAIClient
+) -> None:
+    client = openai_client(proxy.http, api_key="sk-a")
     dev = {"type": "message", "role": "developer", "content": "You are a careful agent."}
     conversation = [dev, *(user(fact(i)) for i in range(8)), user("latest question")]
     compacted = await client.responses.compact(model="sim", input=conversation)
@@ -311,12 +307,14 @@ async def test_compact_from_a_stored_response(proxy: Proxy, sim: Sim) -> None:
     assert status == 400 and err["error"]["code"] == "previous_response_not_found"
 
 
-async def test_compact_without_model_is_a_400(proxy: Proxy, sim: Sim) -> None:
+async def test_compact_without_model_is_a_400(
+    proxy: Proxy, sim: Sim, openai_client: OpenAIClient
+) -> None:
     status, err = await post(proxy, "/responses/compact", {"input": "hello"})
     assert status == 400
     assert err["error"]["code"] == "missing_required_parameter"
     assert err["error"]["param"] == "model"
-    client = AsyncOpenAI(base_url=proxy.http, api_key="sk-a")
+    client = openai_client(proxy.http, api_key="sk-a")
     with pytest.raises(BadRequestError) as info:
         await client.responses.compact(model="", input="hello")
     assert info.value.status_code == 400

@@ -14,8 +14,19 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from wsmode.ops.middleware import OPS
 
-from tests.conftest import Proxy, Sim, create, recv, seconds, send, until_terminal
-from tests.integration.test_cli import free_port, running, wait_healthy
+from tests.helpers import (
+    Proxy,
+    Sim,
+    create,
+    free_port,
+    recv,
+    running,
+    seconds,
+    send,
+    until,
+    until_terminal,
+    wait_healthy,
+)
 
 KEY = "sk-drain-test-key-123456"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -24,6 +35,12 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 async def _health(base: str) -> tuple[int, dict[str, object]]:
     async with aiohttp.ClientSession() as http, http.get(f"{base}/healthz") as r:
         return r.status, dict(await r.json())
+
+
+async def _draining(base: str) -> tuple[int, dict[str, object]] | None:
+    """/healthz once it answers 503 (the server got SIGTERM), else None: for `until`."""
+    status, doc = await _health(base)
+    return (status, doc) if status == 503 else None
 
 
 async def test_sigterm_drains_then_exits_0(sim_factory: Callable[..., Awaitable[Sim]]) -> None:
@@ -46,11 +63,7 @@ async def test_sigterm_drains_then_exits_0(sim_factory: Callable[..., Awaitable[
             await send(busy, create(input="long", store=False))
             assert (await recv(busy))["type"] == "response.created"
             proc.send_signal(signal.SIGTERM)
-            for _ in range(200):
-                status, doc = await _health(base)
-                if status == 503:
-                    break
-                await asyncio.sleep(seconds(0.02))
+            status, doc = await until(lambda: _draining(base))
             assert status == 503 and doc["status"] == "draining"
             # no new connections
             with pytest.raises(InvalidStatus) as info:
@@ -102,10 +115,7 @@ async def test_grace_over_cuts_in_flight_and_exits_0(
             assert ws.close_code == 1001
         await asyncio.to_thread(proc.communicate, timeout=seconds(20))
         assert proc.returncode == 0
-    for _ in range(100):  # the stalled upstream request was closed
-        if sim.state.cancelled == 1:
-            break
-        await asyncio.sleep(seconds(0.02))
+    await until(lambda: sim.state.cancelled == 1)  # the stalled upstream request was closed
     assert sim.state.cancelled == 1
 
 
@@ -143,7 +153,7 @@ def test_check_config_prints_effective_settings_redacted(tmp_path: object) -> No
 
 
 async def test_drain_in_process_metrics(proxy: Proxy) -> None:
-    from tests.integration.test_ops import sample, scrape
+    from tests.helpers import sample, scrape
 
     ops = proxy.served.runner.app[OPS]
     async with connect(proxy.ws) as ws:

@@ -7,10 +7,9 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from openai import AsyncOpenAI
 from websockets.asyncio.client import connect
 
-from tests.conftest import Proxy, Sim, create, post_responses, recv, send, until_terminal, user
+from tests.helpers import Proxy, Sim, create, post_responses, recv, send, until_terminal, user
 
 KEY_A = {"Authorization": "Bearer sk-a"}
 KEY_B = {"Authorization": "Bearer sk-b"}
@@ -186,8 +185,8 @@ async def test_response_failed_without_stream_is_the_codes_status_as_through_the
     assert via == direct
 
 
-async def test_openai_sdk_over_http(proxy: Proxy) -> None:
-    client = AsyncOpenAI(base_url=proxy.http, api_key="sk-a")
+async def test_openai_sdk_over_http(proxy: Proxy, openai_client: Any) -> None:
+    client = openai_client(proxy.http, api_key="sk-a")
     first = await client.responses.create(model="sim", input="hi")
     assert first.output_text
     stream = await client.responses.create(

@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from openai import AsyncOpenAI
 from openai.lib.responses_websocket import (
     AsyncResponsesWebSocketSession,
     ResponsesWebSocketLimits,
 )
 from websockets.asyncio.client import connect
 
-from tests.conftest import Proxy, Sim, create, recv, seconds, send, until_terminal, user
+from tests.helpers import Proxy, Sim, create, recv, seconds, send, until_terminal, user
 
 LIMITS = ResponsesWebSocketLimits(
     max_lanes=8,
@@ -24,10 +23,12 @@ LIMITS = ResponsesWebSocketLimits(
 )
 
 
-async def test_openai_sdk_session_lanes(sim_factory: Any, proxy_factory: Any) -> None:
+async def test_openai_sdk_session_lanes(
+    sim_factory: Any, proxy_factory: Any, openai_client: Any
+) -> None:
     sim = await sim_factory(tokens_per_second=200, output_tokens=20)
     proxy = await proxy_factory(sim.url)
-    client = AsyncOpenAI(base_url=proxy.http, api_key="sk-test")
+    client = openai_client(proxy.http, api_key="sk-test")
     async with (
         client.responses.connect() as conn,
         AsyncResponsesWebSocketSession(conn, limits=LIMITS) as session,

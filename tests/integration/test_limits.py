@@ -12,8 +12,19 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from tests.conftest import Proxy, Sim, create, recv, seconds, send, until_terminal
-from tests.integration.test_ops import sample, scrape
+from tests.helpers import (
+    Proxy,
+    Sim,
+    create,
+    recv,
+    sample,
+    scrape,
+    scrape_until,
+    seconds,
+    send,
+    until,
+    until_terminal,
+)
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
 
@@ -68,10 +79,7 @@ async def test_concurrent_upstream_requests_are_bounded_with_a_queue(
         await send(a, create(input="x", metadata={"sim_fault": "stall:2"}))
         await recv(a)  # a holds the only upstream slot, stalled
         await send(b, create(input="y"))  # waits in the queue
-        for _ in range(100):
-            if proxy.state.upstream.gate.waiting == 1:
-                break
-            await asyncio.sleep(seconds(0.02))
+        await until(lambda: proxy.state.upstream.gate.waiting == 1)
         await send(c, create(input="z"))  # the queue is full: refused at once
         err = await recv(c)
         assert err["status"] == 503 and err["error"]["code"] == "upstream_overloaded"
@@ -123,11 +131,7 @@ async def test_dead_peer_is_reaped_by_server_pings(sim: Sim, proxy_factory: Prox
     rest = await asyncio.wait_for(reader.read(), seconds(5))  # until EOF
     assert isinstance(rest, bytes)
     writer.close()
-    for _ in range(100):
-        m = await scrape(proxy)
-        if sample(m, "wsmode_connections_open") == 0:
-            break
-        await asyncio.sleep(seconds(0.02))
+    m = await scrape_until(proxy, lambda m: sample(m, "wsmode_connections_open") == 0)
     assert sample(m, "wsmode_connections_total", close_class="abnormal") == 1
     # a live client answers pings and keeps its connection across many intervals
     async with connect(proxy.ws) as ws:

@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 import pytest
-from openai import AsyncOpenAI
 from websockets.asyncio.client import connect
 
 from tests.chat_streams import ROOT, SHARED_UPSTREAMS
-from tests.conftest import Proxy, create, send, until_terminal
 from tests.event_checks import check_sequence
+from tests.helpers import Proxy, create, send, until_sync, until_terminal
 
 pytestmark = pytest.mark.llamacpp
 
@@ -75,18 +73,26 @@ def llamacpp() -> Iterator[str]:
     out_path, log_path = CACHE / "server.out", CACHE / "server.log"
     with open(out_path, "wb") as out, open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, stdout=out, stderr=log)
+
+    def did_not_start() -> NoReturn:
+        tail = log_path.read_text(errors="replace")[-2000:]
+        pytest.fail(f"llama.cpp server did not start:\n{tail}")
+
+    def listening() -> str | None:
+        urls = [
+            line.split()[1].rstrip("/")
+            for line in out_path.read_text(errors="replace").splitlines()
+            if line.startswith("LISTENING ")
+        ]
+        if not urls and proc.poll() is not None:
+            did_not_start()
+        return urls[-1] if urls else None
+
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        url = None
-        while url is None:
-            for line in out_path.read_text(errors="replace").splitlines():
-                if line.startswith("LISTENING "):
-                    url = line.split()[1].rstrip("/")
-            if url is None:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    tail = log_path.read_text(errors="replace")[-2000:]
-                    pytest.fail(f"llama.cpp server did not start:\n{tail}")
-                time.sleep(0.1)
+        try:
+            url = until_sync(listening, START_TIMEOUT, every=0.1)
+        except AssertionError:
+            did_not_start()
         yield f"{url}/v1"
     finally:
         proc.terminate()
@@ -175,7 +181,7 @@ async def test_five_chained_turns_with_a_tool_call_over_websocket(
 
 
 async def test_repaired_responses_stream_and_auto(
-    llamacpp: str, proxy_factory: ProxyFactory
+    llamacpp: str, proxy_factory: ProxyFactory, openai_client: Any
 ) -> None:
     """llama.cpp's own /v1/responses, repaired: the SDK's stream helper works over HTTP and a
     chain of turns works over WebSocket mode. `auto` picks the Responses endpoint here."""
@@ -183,7 +189,7 @@ async def test_repaired_responses_stream_and_auto(
     assert px.state.policy.dialect.name == "responses (auto)"
     doc = _fewshot()
     settings = _settings(doc)
-    client = AsyncOpenAI(base_url=px.http, api_key="sk-none", timeout=TURN_TIMEOUT)
+    client = openai_client(px.http, api_key="sk-none", timeout=TURN_TIMEOUT)
     stream_kwargs = {k: v for k, v in settings.items() if k not in ("stop", "model")}
     async with client.responses.stream(
         model=settings["model"],

@@ -6,9 +6,9 @@ import asyncio
 from typing import Any
 
 import orjson
-from openai import AsyncOpenAI, OpenAI
+from openai import OpenAI
 
-from tests.conftest import Proxy, Sim, sdk_terminal, seconds, user
+from tests.helpers import Proxy, Sim, sdk_terminal, seconds, user
 
 TOOLS = [
     {
@@ -21,8 +21,8 @@ TOOLS = [
 TERMINAL = ("response.completed", "response.failed", "response.incomplete", "error")
 
 
-async def test_sdk_warmup_then_chained_turn(proxy: Proxy, sim: Sim) -> None:
-    client = AsyncOpenAI(base_url=proxy.http, api_key="sk-test")
+async def test_sdk_warmup_then_chained_turn(proxy: Proxy, sim: Sim, openai_client: Any) -> None:
+    client = openai_client(proxy.http, api_key="sk-test")
     async with client.responses.connect() as conn:
         await conn.response.create(model="sim", input="Say hi", generate=False, store=False)
         warm = await sdk_terminal(conn)
@@ -37,10 +37,12 @@ async def test_sdk_warmup_then_chained_turn(proxy: Proxy, sim: Sim) -> None:
     assert sim.bodies()[0]["input"] == [user("Say hi"), user("more")]
 
 
-async def test_sdk_twenty_turn_tool_loop_store_false(proxy: Proxy, sim: Sim) -> None:
+async def test_sdk_twenty_turn_tool_loop_store_false(
+    proxy: Proxy, sim: Sim, openai_client: Any
+) -> None:
     """Each turn sends only a function_call_output with previous_response_id; the stateless
     upstream must receive the full, correct history every time."""
-    client = AsyncOpenAI(base_url=proxy.http, api_key="sk-test")
+    client = openai_client(proxy.http, api_key="sk-test")
     history: list[Any] = [user("Fix the failing build.")]
     new_input: list[Any] = list(history)
     previous: str | None = None
@@ -77,8 +79,10 @@ async def test_sync_sdk_client(proxy: Proxy) -> None:
     """The sync client (websockets.sync) works too; it runs in a thread beside the servers."""
 
     def run() -> str:
-        client = OpenAI(base_url=proxy.http, api_key="sk-test")
-        with client.responses.connect() as conn:
+        with (
+            OpenAI(base_url=proxy.http, api_key="sk-test") as client,
+            client.responses.connect() as conn,
+        ):
             conn.response.create(model="sim", input="hi", store=False)
             for ev in conn:
                 if ev.type in TERMINAL:

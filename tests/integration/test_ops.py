@@ -10,27 +10,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from openai import AsyncOpenAI
-from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from tests.conftest import Proxy, Sim, create, recv, send, until_terminal, user
+from tests.helpers import Proxy, Sim, create, recv, sample, scrape, send, until_terminal, user
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
-
-
-async def scrape(proxy: Proxy) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample on /metrics, keyed by (name, sorted labels)."""
-    async with aiohttp.ClientSession() as http, http.get(f"{proxy.served.base}/metrics") as r:
-        assert r.status == 200
-        assert r.headers["Content-Type"].startswith("text/plain")
-        text = await r.text()
-    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
 
 
 def sent_header(headers: dict[str, str], name: str) -> str | None:
@@ -40,10 +25,6 @@ def sent_header(headers: dict[str, str], name: str) -> str | None:
 
 def last_upstream(sim: Sim, name: str) -> str | None:
     return sent_header(sim.state.requests[-1]["headers"], name)
-
-
-def sample(metrics: dict[Any, float], name: str, **labels: str) -> float:
-    return metrics.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 async def test_metrics_follow_a_conversation(proxy: Proxy, sim: Sim) -> None:
@@ -172,9 +153,11 @@ def deque_empty() -> Any:
     return deque(maxlen=10_000)
 
 
-async def test_openai_sdk_with_proxy_key(sim: Sim, proxy_factory: ProxyFactory) -> None:
+async def test_openai_sdk_with_proxy_key(
+    sim: Sim, proxy_factory: ProxyFactory, openai_client: Any
+) -> None:
     proxy = await proxy_factory(sim.url, auth__api_keys=(KEY,), upstream__api_key="sk-upstream")
-    client = AsyncOpenAI(base_url=proxy.http, api_key=KEY, max_retries=0)
+    client = openai_client(proxy.http, api_key=KEY, max_retries=0)
     async with client.responses.connect() as conn:
         await conn.response.create(model="sim", input="hi", store=False)
         async for ev in conn:
@@ -182,7 +165,7 @@ async def test_openai_sdk_with_proxy_key(sim: Sim, proxy_factory: ProxyFactory) 
                 break
     # the configured upstream credential replaced the client's proxy key
     assert last_upstream(sim, "Authorization") == "Bearer sk-upstream"
-    bad = AsyncOpenAI(base_url=proxy.http, api_key="sk-nope", max_retries=0)
+    bad = openai_client(proxy.http, api_key="sk-nope", max_retries=0)
     with pytest.raises(Exception) as info:
         async with bad.responses.connect() as conn:
             await conn.response.create(model="sim", input="hi")

@@ -14,7 +14,7 @@ from wsmode.config import load_settings
 from wsmode.core.sse import SSEDecoder
 from wsmode.runtime import APP_STATE
 
-from tests.conftest import Proxy, Sim, seconds, user
+from tests.helpers import Proxy, Sim, seconds, until, user
 
 TOOLS = [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]
 
@@ -38,14 +38,6 @@ def next_history(history: list[Any], doc: dict[str, Any]) -> list[Any]:
     call = doc["output"][0]
     out = {"type": "function_call_output", "call_id": call["call_id"], "output": "ok"}
     return [*history, *doc["output"], out]
-
-
-async def until(check: Any, what: str) -> None:
-    for _ in range(int(seconds(250))):
-        if check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_remote_restart_reopens_and_sends_the_full_request(
@@ -91,7 +83,7 @@ async def test_idle_sockets_are_closed_and_the_next_turn_is_full(
     sidecar = await sidecar_factory(proxy.http, idle_timeout=0.2)
     status, doc = await post(sidecar.http, turn([user("go")]))
     assert status == 200 and sidecar.state.pool.open_count == 1
-    await until(lambda: sidecar.state.pool.open_count == 0, "the idle socket to close")
+    await until(lambda: sidecar.state.pool.open_count == 0, message="the idle socket to close")
     history = next_history([user("go")], doc)
     status, doc = await post(sidecar.http, turn(history))
     assert status == 200
@@ -108,10 +100,10 @@ async def test_busy_sockets_are_not_closed_as_idle(
     front = await proxy_factory(sim.url)
     sidecar = await sidecar_factory(front.http, idle_timeout=0.02)
     long = asyncio.create_task(post(sidecar.http, {"model": "sim", "input": "talk"}))
-    await until(lambda: sim.state.active == 1, "the long answer to start")
+    await until(lambda: sim.state.active == 1, message="the long answer to start")
     for i in range(3):  # tool calls: two deltas each, quick
         assert (await post(sidecar.http, turn([user(f"quick {i}")])))[0] == 200
-        await asyncio.sleep(0.03)  # past the idle time: the janitor closes that socket
+        await asyncio.sleep(seconds(0.03))  # past the idle time: the janitor closes that socket
     status, doc = await long
     assert status == 200 and doc["status"] == "completed"
     assert sidecar.state.stats["retry_reopen"] == 0 and sidecar.state.stats["http"] == 0
@@ -163,7 +155,7 @@ async def test_mid_stream_failure_streamed(proxy: Proxy, sidecar_factory: Any) -
     seqs = [e["sequence_number"] for e in events]
     assert seqs == sorted(set(seqs))
     # that socket is retired (an error event may follow response.failed); a new one serves
-    await until(lambda: sidecar.state.pool.open_count == 0, "the socket to be retired")
+    await until(lambda: sidecar.state.pool.open_count == 0, message="the socket to be retired")
     assert (await post(sidecar.http, {"model": "sim", "input": "y"}))[0] == 200
 
 
@@ -194,7 +186,7 @@ async def test_upstream_silence_hits_the_read_timeout(
     else:
         assert status == 504 and got["error"]["code"] == "upstream_timeout"
     # the socket was closed, so the front cancelled the model's work
-    await until(lambda: sim.state.cancelled == 1 and sim.state.active == 0, "cancellation")
+    await until(lambda: sim.state.cancelled == 1 and sim.state.active == 0, message="cancellation")
     assert (await post(sidecar.http, {"model": "sim", "input": "y"}))[0] == 200
 
 

@@ -16,7 +16,7 @@ import pytest
 from openai import AsyncOpenAI
 from wsmode.core.sse import SSEDecoder
 
-from tests.conftest import Proxy, Sidecar, Sim, seconds, user
+from tests.helpers import Proxy, Sidecar, Sim, until, user
 
 TOOLS = [
     {
@@ -43,14 +43,14 @@ def strip(value: Any) -> Any:
 
 
 async def sdk_turn(base: str, body: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    client = AsyncOpenAI(base_url=base, api_key="sk-test", max_retries=0)
-    r = await client.responses.create(**body)
+    async with AsyncOpenAI(base_url=base, api_key="sk-test", max_retries=0) as client:
+        r = await client.responses.create(**body)
     return r.model_dump(), r.model_dump(exclude_none=True)
 
 
 async def sdk_stream_turn(base: str, body: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    client = AsyncOpenAI(base_url=base, api_key="sk-test", max_retries=0)
-    events = [ev async for ev in await client.responses.create(**body, stream=True)]
+    async with AsyncOpenAI(base_url=base, api_key="sk-test", max_retries=0) as client:
+        events = [ev async for ev in await client.responses.create(**body, stream=True)]
     final = events[-1]
     assert final.type == "response.completed", final
     return [e.model_dump() for e in events], final.response.model_dump(exclude_none=True)
@@ -196,12 +196,12 @@ async def test_sse_framing_is_event_and_data_lines(proxy: Proxy, sidecar_factory
 
 
 async def test_client_previous_response_id_is_forwarded_as_it_is(
-    proxy: Proxy, sim: Sim, sidecar_factory: Any
+    proxy: Proxy, sim: Sim, sidecar_factory: Any, openai_client: Any
 ) -> None:
     """A client that chains itself keeps doing so: its request goes on the socket whose
     connection-local cache holds that response, with only its own input."""
     sidecar = await sidecar_factory(proxy.http)
-    client = AsyncOpenAI(base_url=sidecar.http, api_key="sk-test", max_retries=0)
+    client = openai_client(sidecar.http, api_key="sk-test", max_retries=0)
     first = await client.responses.create(model="sim", input=[user("one")], store=False)
     second = await client.responses.create(
         model="sim", input=[user("two")], previous_response_id=first.id, store=False
@@ -234,7 +234,6 @@ async def test_previous_response_not_found_resends_the_full_request_once(
 async def test_client_vanishing_mid_stream_cancels_upstream(
     sim_factory: Any, proxy_factory: Any, sidecar_factory: Any
 ) -> None:
-    import asyncio
 
     sim = await sim_factory(tokens_per_second=20, output_tokens=1000)
     front = await proxy_factory(sim.url)
@@ -248,13 +247,7 @@ async def test_client_vanishing_mid_stream_cancels_upstream(
     assert sim.state.active == 1
     r.close()  # the client goes away without reading the rest
     await http.close()
-    for _ in range(int(seconds(200))):
-        if sim.state.cancelled == 1 and sim.state.active == 0:
-            break
-        await asyncio.sleep(0.02)
+    await until(lambda: sim.state.cancelled == 1 and sim.state.active == 0)
     assert sim.state.cancelled == 1 and sim.state.active == 0 and sim.state.completed == 0
-    for _ in range(int(seconds(200))):
-        if sidecar.state.pool.open_count == 0:
-            break
-        await asyncio.sleep(0.02)
+    await until(lambda: sidecar.state.pool.open_count == 0)
     assert sidecar.state.pool.open_count == 0  # that socket is not reused

@@ -8,7 +8,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.conftest import Sim, create, recv, seconds, send, until_terminal, user
+from tests.helpers import Sim, create, recv, seconds, send, until, until_terminal, user
 
 TOOLS = [{"type": "function", "name": "run", "parameters": {"type": "object", "properties": {}}}]
 
@@ -152,10 +152,7 @@ async def test_cancel_stops_the_upstream_and_keeps_the_cache(
         assert cancelled["status"] == "cancelled" and cancelled["id"] == head[0]["response"]["id"]
         seqs = [e["sequence_number"] for e in head + events]
         assert seqs == list(range(len(seqs)))
-        for _ in range(100):
-            if sim.state.cancelled:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: sim.state.cancelled)
         assert sim.state.cancelled == 1 and sim.state.completed == 1
         # the cancelled response is not cached; its parent still is
         await send(ws, create(input="x", previous_response_id=cancelled["id"]))
@@ -197,9 +194,9 @@ async def test_lifetime_limit_waits_for_the_response(sim_factory: Any, proxy_fac
 
 
 async def test_idle_socket_is_closed_only_at_the_lifetime(sim: Sim, proxy_factory: Any) -> None:
-    proxy = await proxy_factory(sim.url, server__connection_lifetime_seconds=0.3)
+    proxy = await proxy_factory(sim.url, server__connection_lifetime_seconds=seconds(0.3))
     async with connect(proxy.ws) as ws:
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(seconds(0.1))
         await send(ws, create(input="still open"))  # idle for a while: still served
         assert (await until_terminal(ws))[-1]["type"] == "response.completed"
         err = await recv(ws)

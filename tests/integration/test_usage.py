@@ -14,20 +14,30 @@ from aiohttp import web
 from websockets.asyncio.client import connect
 from wsmode.core.store import owner_of
 
-from tests.conftest import Proxy, Sim, create, recv, seconds, send, serve, until_terminal, user
-from tests.integration.test_ops import sample, scrape
+from tests.helpers import (
+    Proxy,
+    Sim,
+    create,
+    recv,
+    sample,
+    scrape,
+    seconds,
+    send,
+    serve,
+    until,
+    until_terminal,
+    user,
+)
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
 
 
 async def _lines(path: Path, n: int) -> list[dict[str, Any]]:
-    for _ in range(300):
-        if path.exists():
-            lines = path.read_bytes().splitlines()
-            if len(lines) >= n:
-                return [orjson.loads(line) for line in lines]
-        await asyncio.sleep(seconds(0.01))
-    raise AssertionError(f"expected {n} usage records in {path}")
+    def records() -> list[dict[str, Any]] | None:
+        lines = path.read_bytes().splitlines() if path.exists() else []
+        return [orjson.loads(line) for line in lines] if len(lines) >= n else None
+
+    return await until(records, message=f"expected {n} usage records in {path}")
 
 
 async def test_jsonl_record_per_response(
@@ -131,10 +141,7 @@ async def test_blocked_sink_never_delays_turns(sim: Sim, proxy_factory: ProxyFac
             # one record with the blocked writer, two queued, three dropped
             assert sample(m, "wsmode_usage_records_total", result="dropped") == 3
             release.set()
-        for _ in range(300):
-            if len(received) == 3:
-                break
-            await asyncio.sleep(seconds(0.01))
+        await until(lambda: len(received) == 3)
         assert len(received) == 3
         m = await scrape(proxy)
         assert sample(m, "wsmode_usage_records_total", result="written") == 3

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.conftest import Proxy, Sim, create, recv, send, until_terminal, user
+from tests.helpers import Proxy, Sim, create, recv, send, until, until_terminal, user
 
 CANONICAL_TEXT = [
     "response.created",
@@ -300,8 +300,6 @@ async def test_upstream_stall_hits_read_timeout(sim: Sim, proxy_factory: Any) ->
 
 
 async def test_client_vanishing_cancels_upstream(sim_factory: Any, proxy_factory: Any) -> None:
-    import asyncio
-
     sim = await sim_factory(tokens_per_second=20, output_tokens=1000)
     proxy = await proxy_factory(sim.url)
     ws = await connect(proxy.ws)
@@ -310,10 +308,7 @@ async def test_client_vanishing_cancels_upstream(sim_factory: Any, proxy_factory
         pass
     assert sim.state.active == 1
     ws.transport.abort()  # no close frame: the peer just vanishes
-    for _ in range(200):
-        if sim.state.cancelled == 1 and sim.state.active == 0:
-            break
-        await asyncio.sleep(0.02)
+    await until(lambda: sim.state.cancelled == 1 and sim.state.active == 0)
     assert sim.state.cancelled == 1 and sim.state.active == 0
     assert sim.state.completed == 0
 
@@ -390,7 +385,7 @@ async def test_stale_keep_alive_connection_is_resent_once(proxy_factory: Any) ->
     from wsmode.sim.events import response_events
     from wsmode.sim.model import plan
 
-    from tests.conftest import serve
+    from tests.helpers import serve
 
     per_connection: dict[int, int] = {}
     answered: list[int] = []

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -11,11 +9,9 @@ import pytest
 from wsmode.core.context.compaction import Compacted, seal, summary_message
 from wsmode.core.context.manager import (
     ContextManager,
-    ContextSettings,
     SummaryResult,
 )
 from wsmode.core.context.sealing import Sealer
-from wsmode.core.context.settings import TokensSettings
 from wsmode.core.context.tokens import ITEM_OVERHEAD
 from wsmode.core.conversation import EMPTY, CachedResponse, Segment
 from wsmode.core.dialects.responses import ResponsesDialect
@@ -23,28 +19,10 @@ from wsmode.core.errors import ClientError, UpstreamError
 from wsmode.core.request import CreateRequest, parse_create
 
 from tests.unit.items import DEV, assistant, b, call, output, user
+from tests.unit.session_helpers import context_settings
 
 SEALER = Sealer(bytes(range(32)))
 OWNER = "owner-a"
-
-
-def adjusted(settings: ContextSettings, **kw: Any) -> ContextSettings:
-    """`settings` with each key of `kw` changed in the section that has it ([tokens],
-    [compaction], or the window itself)."""
-    tokens = {f.name for f in dataclasses.fields(settings.tokens)}
-    compaction = {f.name for f in dataclasses.fields(settings.compaction)}
-    return replace(
-        settings,
-        tokens=replace(settings.tokens, **{k: v for k, v in kw.items() if k in tokens}),
-        compaction=replace(settings.compaction, **{k: v for k, v in kw.items() if k in compaction}),
-        **{k: v for k, v in kw.items() if k not in tokens | compaction},
-    )
-
-
-def context_settings(**kw: Any) -> ContextSettings:
-    """One byte a token and no tokenizer, unless `kw` says otherwise."""
-    base = ContextSettings(TokensSettings(tokenize_url="", bytes_per_token=1.0))
-    return adjusted(base, **kw)
 
 
 def manager(**kw: Any) -> ContextManager:

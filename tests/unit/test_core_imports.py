@@ -2,6 +2,11 @@
 logging configuration (modules may log through `logging.getLogger`, as the DEBUG notes of the
 Chat translation do; handlers, levels and formats belong to the command line).
 
+The same holds for every module outside core whose docstring says it has no I/O
+(`sidecar/relay.py`, `sidecar/chains.py`, ...). And the package's own imports cannot smuggle
+I/O in: a core module imports only core modules (`from ..ops import metrics` inside core
+would bring aiohttp along), and the other sans-I/O modules only core or each other.
+
 The scan reads the source with `ast` (nothing is imported), so it also covers imports inside
 functions, `if TYPE_CHECKING:` blocks and `__import__`/`importlib.import_module` calls with a
 literal name.
@@ -10,11 +15,13 @@ literal name.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-CORE = Path(__file__).resolve().parents[2] / "proxy" / "core"
+PACKAGE = Path(__file__).resolve().parents[2] / "proxy"  # imported as `wsmode`
+CORE = PACKAGE / "core"
 FORBIDDEN = frozenset(
     {
         "asyncio",
@@ -68,7 +75,74 @@ def forbidden_imports(source: str) -> list[str]:
     return found
 
 
+Module = tuple[str, ...]  # a module of the package by its parts below proxy/: ("core", "sse")
+
+
+def module_of(path: Path) -> Module:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def package_of(path: Path) -> Module:
+    """The package relative imports in `path` start from: itself for an `__init__.py`."""
+    return module_of(path) if path.name == "__init__.py" else module_of(path)[:-1]
+
+
+def package_imports(source: str, package: Module) -> list[tuple[int, Module]]:
+    """(lineno, module) for every import of the package's own modules in `source`, written
+    in a module of `package`: relative imports resolved, and absolute `wsmode.*` ones.
+
+    `from .. import wire` names the module `wire` of the parent package; when the parent is
+    the top of the package, what follows `import` is the module. A relative import climbing
+    above the top resolves to `("..",)`, never inside anything.
+    """
+    found: list[tuple[int, Module]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                head, *rest = alias.name.split(".")
+                if head == "wsmode":
+                    found.append((node.lineno, tuple(rest)))
+        elif isinstance(node, ast.ImportFrom):
+            named = tuple(node.module.split(".")) if node.module else ()
+            if node.level == 0:
+                if named[:1] != ("wsmode",):
+                    continue
+                base = named[1:]
+            elif node.level - 1 > len(package):
+                found.append((node.lineno, ("..",)))
+                continue
+            else:
+                base = package[: len(package) - (node.level - 1)] + named
+            if node.module is None or not base:
+                found += [(node.lineno, (*base, alias.name)) for alias in node.names]
+            else:
+                found.append((node.lineno, base))
+    return found
+
+
+def core_escapes(source: str, package: Module) -> list[str]:
+    """`lineno: module` for every import of a module outside core, from a core module."""
+    return [
+        f"{line}: {'.'.join(target)}"
+        for line, target in package_imports(source, package)
+        if target[:1] != ("core",)
+    ]
+
+
 CORE_FILES = sorted(CORE.rglob("*.py"))
+NO_IO_CLAIM = re.compile(r"\b(no I/O|sans-I/O|without I/O)\b", re.IGNORECASE)
+
+
+def claims_no_io(path: Path) -> bool:
+    """The module's docstring says it does no I/O. A package's `__init__` is left out: its
+    docstring describes the modules inside it."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    return path.name != "__init__.py" and bool(NO_IO_CLAIM.search(doc))
+
+
+NO_IO_FILES = sorted(p for p in PACKAGE.rglob("*.py") if CORE not in p.parents and claims_no_io(p))
+SANS_IO = frozenset(module_of(p) for p in NO_IO_FILES)
 
 
 def test_core_files_are_found() -> None:
@@ -77,11 +151,37 @@ def test_core_files_are_found() -> None:
     assert expected <= names
 
 
-@pytest.mark.parametrize("path", CORE_FILES, ids=lambda p: p.relative_to(CORE).as_posix())
-def test_core_module_has_no_io_imports(path: Path) -> None:
+def test_modules_that_claim_no_io_are_found() -> None:
+    names = {p.relative_to(PACKAGE).as_posix() for p in NO_IO_FILES}
+    assert {"sidecar/relay.py", "sidecar/chains.py"} <= names
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(PACKAGE).as_posix()
+
+
+@pytest.mark.parametrize("path", CORE_FILES + NO_IO_FILES, ids=rel)
+def test_sans_io_module_has_no_io_imports(path: Path) -> None:
     source = path.read_text(encoding="utf-8")
     assert forbidden_imports(source) == []
     assert logging_config_calls(source) == []
+
+
+@pytest.mark.parametrize("path", CORE_FILES, ids=rel)
+def test_core_module_imports_only_core(path: Path) -> None:
+    source = path.read_text(encoding="utf-8")
+    assert core_escapes(source, package_of(path)) == []
+
+
+@pytest.mark.parametrize("path", NO_IO_FILES, ids=rel)
+def test_other_sans_io_module_imports_only_sans_io_modules(path: Path) -> None:
+    source = path.read_text(encoding="utf-8")
+    outside = [
+        f"{line}: {'.'.join(target)}"
+        for line, target in package_imports(source, package_of(path))
+        if target[:1] != ("core",) and target not in SANS_IO
+    ]
+    assert outside == []
 
 
 def test_scanner_catches_logging_configuration() -> None:
@@ -122,3 +222,53 @@ def test_scanner_catches_forbidden_imports(source: str) -> None:
 )
 def test_scanner_allows_other_imports(source: str) -> None:
     assert forbidden_imports(source) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "package"),
+    [
+        ("from ..ops import metrics", ("core",)),
+        ("from .. import runtime", ("core",)),
+        ("from ..upstream.client import UpstreamClient", ("core",)),
+        ("from ... import app", ("core", "dialects")),
+        ("from ...ops.metrics import Metrics", ("core", "context")),
+        ("from .... import x", ("core", "dialects")),  # above the top of the package
+        ("def f():\n    from ..sidecar import pool", ("core",)),
+        ("if TYPE_CHECKING:\n    from ..runtime import AppState", ("core",)),
+        ("import wsmode.ops.metrics", ("core",)),
+        ("from wsmode.upstream import runner", ("core",)),
+        ("from wsmode import cli", ("core",)),
+    ],
+)
+def test_scanner_catches_imports_leaving_core(source: str, package: Module) -> None:
+    assert len(core_escapes(source, package)) == 1
+
+
+@pytest.mark.parametrize(
+    ("source", "package"),
+    [
+        ("from . import wire", ("core",)),
+        ("from .sse import SSEEvent", ("core",)),
+        ("from .context.tokens import estimate", ("core",)),
+        ("from .. import wire", ("core", "dialects")),
+        ("from ..errors import UpstreamError", ("core", "context")),
+        ("from .builder import build", ("core", "dialects")),
+        ("from wsmode.core import wire", ("core",)),
+        ("import wsmode.core.sse", ("core",)),
+        ("import os\nfrom typing import Any", ("core",)),
+    ],
+)
+def test_scanner_allows_imports_within_core(source: str, package: Module) -> None:
+    assert core_escapes(source, package) == []
+
+
+def test_scanner_resolves_imports_of_modules_outside_core() -> None:
+    """What the sidecar's sans-I/O modules may import: core, and each other."""
+    relay = ("sidecar",)
+    source = "from ..core import wire\nfrom .chains import Chains\nfrom . import pool\n"
+    assert package_imports(source, relay) == [
+        (1, ("core",)),
+        (2, ("sidecar", "chains")),
+        (3, ("sidecar", "pool")),
+    ]
+    assert ("sidecar", "chains") in SANS_IO and ("sidecar", "pool") not in SANS_IO

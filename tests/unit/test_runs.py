@@ -14,20 +14,23 @@ from wsmode.core.request import parse_create
 from wsmode.core.runs import TRANSITIONS, IllegalTransition, Run, RunState
 from wsmode.core.session import Session
 
-from tests.unit.test_session import (
+from tests.unit.session_helpers import (
+    MSG,
+    added,
     complete,
     create,
     created,
     delta,
+    done,
     feed,
     finished,
     item_done,
     make_session,
     quick,
+    steer,
     the_start,
     user,
 )
-from tests.unit.test_steering import MSG, added, done, steer
 
 ALL_MOVES = list(itertools.product(RunState, RunState))
 

@@ -6,10 +6,6 @@ with the Responses dialect and asserts the exact actions that come back (PROTOCO
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable
-from typing import Any
-
 import orjson
 import pytest
 from wsmode.core.actions import (
@@ -18,147 +14,32 @@ from wsmode.core.actions import (
     Finished,
     RunCreated,
     Send,
-    StartUpstream,
 )
-from wsmode.core.conversation import CacheBudget, ResponseCache
-from wsmode.core.dialects.responses import ResponsesDialect
 from wsmode.core.errors import UpstreamError, upstream_http_error
-from wsmode.core.session import Session, SessionLimits, UpstreamPolicy
+from wsmode.core.session import SessionLimits
 from wsmode.core.sse import SSEEvent
-from wsmode.sim.events import response_events
-from wsmode.sim.model import plan
 
-HUGE = 1 << 40
-WS_ONLY = {"type", "stream_id", "generate", "client_metadata", "background"}
-
-
-# ------------------------------------------------------------------ harness
-
-
-def make_session(
-    *,
-    native: bool = False,
-    store: bool = False,
-    limits: SessionLimits | None = None,
-    max_entries: int = 1000,
-) -> Session:
-    budget = CacheBudget(HUGE, HUGE)
-    ids = itertools.count(1)
-    return Session(
-        cache=ResponseCache(budget, max_entries, HUGE),
-        policy=UpstreamPolicy(ResponsesDialect(), store=store, native_previous_response_id=native),
-        limits=limits or SessionLimits(),
-        clock=lambda: 1_700_000_000.0,
-        new_id=lambda prefix: f"{prefix}_warm{next(ids)}",
-    )
-
-
-def user(text: str) -> dict[str, Any]:
-    return {"type": "message", "role": "user", "content": text}
-
-
-def create(s: Session, **fields: Any) -> list[Action]:
-    msg = {"type": "response.create", "model": "m", "input": [user("hi")], **fields}
-    return s.client_message(orjson.dumps(msg))
-
-
-def sends(actions: Iterable[Action]) -> list[dict[str, Any]]:
-    return [orjson.loads(a.frame) for a in actions if isinstance(a, Send)]
-
-
-def starts(actions: Iterable[Action]) -> list[StartUpstream]:
-    return [a for a in actions if isinstance(a, StartUpstream)]
-
-
-def finished(actions: Iterable[Action]) -> list[Finished]:
-    return [a for a in actions if isinstance(a, Finished)]
-
-
-def the_start(actions: list[Action]) -> StartUpstream:
-    found = starts(actions)
-    assert len(found) == 1, actions
-    return found[0]
-
-
-def body_of(start: StartUpstream) -> dict[str, Any]:
-    return orjson.loads(b"".join(start.body))
-
-
-def sse(ev: dict[str, Any], *, named: bool = True) -> SSEEvent:
-    return SSEEvent(ev["type"] if named else None, orjson.dumps(ev))
-
-
-def sim_events(upstream_body: dict[str, Any], tokens: int = 3) -> list[dict[str, Any]]:
-    """The simulated model's full, spec-complete event list for one upstream request."""
-    p = plan(upstream_body, seed=1, output_tokens=tokens, tool_calls_per_turn=0)
-    return list(response_events(upstream_body, p))
-
-
-def feed(s: Session, run_id: int, events: Iterable[dict[str, Any]]) -> list[Action]:
-    out: list[Action] = []
-    for ev in events:
-        out += s.upstream_event(run_id, sse(ev))
-    return out
-
-
-def complete(s: Session, start: StartUpstream) -> tuple[str, list[Action]]:
-    """Run the simulated model for `start` to completion; returns the response id."""
-    events = sim_events(body_of(start))
-    return events[0]["response"]["id"], feed(s, start.run_id, events)
-
-
-# hand-written upstream events for failure paths
-
-
-def created(rid: str, seq: int = 0) -> dict[str, Any]:
-    resp = {"id": rid, "object": "response", "status": "in_progress", "output": []}
-    return {"type": "response.created", "sequence_number": seq, "response": resp}
-
-
-def delta(seq: int, text: str = "x") -> dict[str, Any]:
-    return {
-        "type": "response.output_text.delta",
-        "sequence_number": seq,
-        "item_id": "msg_1",
-        "output_index": 0,
-        "content_index": 0,
-        "delta": text,
-    }
-
-
-def item_done(seq: int, item: dict[str, Any], index: int = 0) -> dict[str, Any]:
-    return {
-        "type": "response.output_item.done",
-        "sequence_number": seq,
-        "output_index": index,
-        "item": item,
-    }
-
-
-def terminal(
-    rid: str, seq: int, output: list[Any], kind: str = "response.completed"
-) -> dict[str, Any]:
-    status = kind.removeprefix("response.")
-    resp = {"id": rid, "object": "response", "status": status, "output": output}
-    return {"type": kind, "sequence_number": seq, "response": resp}
-
-
-def assistant(text: str, item_id: str = "msg_1") -> dict[str, Any]:
-    return {
-        "id": item_id,
-        "type": "message",
-        "role": "assistant",
-        "status": "completed",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
-
-
-def quick(s: Session, start: StartUpstream, rid: str, text: str = "ok") -> list[Action]:
-    """A minimal three-event upstream response."""
-    return feed(
-        s, start.run_id, [created(rid), item_done(1, assistant(text)), terminal(rid, 2, [])]
-    )
-
+from tests.unit.session_helpers import (
+    WS_ONLY,
+    assistant,
+    body_of,
+    complete,
+    create,
+    created,
+    delta,
+    feed,
+    finished,
+    item_done,
+    make_session,
+    quick,
+    sends,
+    sim_events,
+    sse,
+    starts,
+    terminal,
+    the_start,
+    user,
+)
 
 # ------------------------------------------------------------------ first turn
 

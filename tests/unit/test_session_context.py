@@ -7,22 +7,18 @@ through `summary_done`, and the generation's stream starts with the compaction i
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import orjson
 from wsmode.core.actions import Action, CancelUpstream, CountTokens, Summarise
 from wsmode.core.context.compaction import summary_message
-from wsmode.core.context.manager import ContextManager, SummaryResult
+from wsmode.core.context.manager import SummaryResult
 from wsmode.core.context.sealing import Sealer
-from wsmode.core.conversation import CacheBudget, ResponseCache
-from wsmode.core.dialects.responses import ResponsesDialect
 from wsmode.core.errors import UpstreamError
-from wsmode.core.session import Session, UpstreamPolicy
+from wsmode.core.session import Session
 
-from tests.unit.test_context import adjusted, context_settings
-from tests.unit.test_session import (
-    HUGE,
+from tests.unit.session_helpers import (
+    adjusted,
     assistant,
     body_of,
     complete,
@@ -30,6 +26,8 @@ from tests.unit.test_session import (
     feed,
     finished,
     item_done,
+    make_context_session,
+    send_create,
     sends,
     sim_events,
     starts,
@@ -47,24 +45,6 @@ SUMMARY_USAGE = {
     "output_tokens_details": {"reasoning_tokens": 0},
     "total_tokens": 730,
 }
-
-
-def make(owner: str = "owner-a", **settings: Any) -> Session:
-    ids = itertools.count(1)
-    ctx = ContextManager(context_settings(**settings), SEALER)
-    return Session(
-        cache=ResponseCache(CacheBudget(HUGE, HUGE), 1000, HUGE),
-        policy=UpstreamPolicy(ResponsesDialect()),
-        clock=lambda: 1_700_000_000.0,
-        new_id=lambda prefix: f"{prefix}_{next(ids)}",
-        owner=owner,
-        context=ctx,
-    )
-
-
-def send_create(s: Session, **fields: Any) -> list[Action]:
-    msg = {"type": "response.create", "model": "m", "store": False, **fields}
-    return s.client_message(orjson.dumps(msg))
 
 
 def summarises(actions: list[Action]) -> list[Summarise]:
@@ -95,7 +75,7 @@ def compact_turn(s: Session, prev: str) -> tuple[Summarise, list[Action]]:
 
 
 def test_ordinary_turns_are_unchanged_by_the_context_manager() -> None:
-    s = make()
+    s = make_context_session()
     rid = long_conversation(s, 2)
     start = the_start(send_create(s, input=[user("more")], previous_response_id=rid))
     body = body_of(start)
@@ -107,7 +87,7 @@ def test_ordinary_turns_are_unchanged_by_the_context_manager() -> None:
 
 
 def test_usage_is_filled_in_when_the_upstream_reports_none() -> None:
-    s = make()
+    s = make_context_session()
     start = the_start(send_create(s, input=[user("hello")], instructions="be brief"))
     out = feed(
         s,
@@ -125,7 +105,7 @@ def test_usage_is_filled_in_when_the_upstream_reports_none() -> None:
 
 
 def test_context_management_compacts_then_generates_in_one_stream() -> None:
-    s = make(keep_recent_fraction=0.3)
+    s = make_context_session(keep_recent_fraction=0.3)
     prev = long_conversation(s)
     summary, _ = compact_turn(s, prev)
     text = orjson.loads(b"".join(summary.body))["input"][0]["content"][0]["text"]
@@ -169,7 +149,7 @@ def test_context_management_compacts_then_generates_in_one_stream() -> None:
 
 
 def test_summary_failure_is_reported_and_frees_the_lane() -> None:
-    s = make()
+    s = make_context_session()
     prev = long_conversation(s)
     summary, _ = compact_turn(s, prev)
     queued = send_create(s, input=[user("queued")])
@@ -185,7 +165,7 @@ def test_summary_failure_is_reported_and_frees_the_lane() -> None:
 
 
 def test_an_empty_summary_fails_the_response() -> None:
-    s = make()
+    s = make_context_session()
     summary, _ = compact_turn(s, long_conversation(s))
     out = s.summary_done(summary.run_id, SummaryResult("completed", [], None))
     (ev,) = sends(out)
@@ -193,7 +173,7 @@ def test_an_empty_summary_fails_the_response() -> None:
 
 
 def test_client_gone_while_compacting_cancels_the_summary() -> None:
-    s = make()
+    s = make_context_session()
     summary, _ = compact_turn(s, long_conversation(s))
     assert s.client_gone() == [CancelUpstream(summary.run_id)]
     assert s.summary_done(summary.run_id, SummaryResult("completed", [assistant("x")], None)) == []
@@ -205,7 +185,7 @@ def with_window(s: Session, **settings: Any) -> None:
 
 
 def test_compaction_that_still_does_not_fit_is_a_400() -> None:
-    s = make(keep_recent_fraction=0.3)
+    s = make_context_session(keep_recent_fraction=0.3)
     prev = long_conversation(s, 4)
     with_window(s, context_window=1500, output_reserve=100)
     summary, _ = compact_turn(s, prev)
@@ -225,7 +205,7 @@ def test_compaction_that_still_does_not_fit_is_a_400() -> None:
 
 
 def test_tampered_compaction_item_is_rejected_on_arrival() -> None:
-    s = make()
+    s = make_context_session()
     prev = long_conversation(s)
     summary, _ = compact_turn(s, prev)
     start = the_start(
@@ -243,13 +223,13 @@ def test_tampered_compaction_item_is_rejected_on_arrival() -> None:
 
 
 def test_another_credential_cannot_use_the_item() -> None:
-    a = make("owner-a")
+    a = make_context_session("owner-a")
     summary, _ = compact_turn(a, long_conversation(a))
     start = the_start(
         a.summary_done(summary.run_id, SummaryResult("completed", [assistant("S")], None))
     )
     item = sends(feed(a, start.run_id, sim_events(body_of(start))))[-1]["response"]["output"][0]
-    b = make("owner-b")
+    b = make_context_session("owner-b")
     b.context = a.context  # same process, same key
     (ev,) = sends(send_create(b, input=[item, user("hi")]))
     assert ev["error"]["code"] == "invalid_encrypted_content"
@@ -258,7 +238,7 @@ def test_another_credential_cannot_use_the_item() -> None:
 
 
 def test_over_the_window_is_a_400_without_an_upstream_call() -> None:
-    s = make()
+    s = make_context_session()
     prev = long_conversation(s, 4)
     with_window(s, context_window=1200)
     out = send_create(s, input=[user("next")], previous_response_id=prev)
@@ -275,7 +255,7 @@ def test_over_the_window_is_a_400_without_an_upstream_call() -> None:
 
 
 def test_tokenizer_jobs_are_handed_to_the_adapter() -> None:
-    s = make()
+    s = make_context_session()
     prev = long_conversation(s, 2)
     with_window(s, context_window=100_000)
     assert s.context is not None

@@ -13,51 +13,26 @@ from wsmode.core.errors import ClientError
 from wsmode.core.session import SessionLimits
 from wsmode.core.steering import SteerRejected, parse_steer, required_input
 
-from tests.unit.test_session import (
+from tests.unit.session_helpers import (
+    CALL,
+    MSG,
+    added,
     body_of,
     create,
     created,
     delta,
+    done,
     feed,
     finished,
+    make_context_session,
     make_session,
+    send_create,
     sends,
     starts,
+    steer,
     the_start,
     user,
 )
-
-
-def added(seq: int, index: int, kind: str = "message") -> dict[str, Any]:
-    item = {"id": f"i{index}", "type": kind}
-    return {
-        "type": "response.output_item.added",
-        "sequence_number": seq,
-        "output_index": index,
-        "item": item,
-    }
-
-
-def done(seq: int, index: int, item: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "response.output_item.done",
-        "sequence_number": seq,
-        "output_index": index,
-        "item": item,
-    }
-
-
-MSG = {
-    "id": "i0",
-    "type": "message",
-    "role": "assistant",
-    "content": [{"type": "output_text", "text": "a"}],
-}
-CALL = {"id": "i0", "type": "function_call", "call_id": "c1", "name": "run", "arguments": "{}"}
-
-
-def steer(target: str, input: Any = "more") -> bytes:
-    return orjson.dumps({"type": "response.steer", "previous_response_id": target, "input": input})
 
 
 @pytest.mark.parametrize(
@@ -245,10 +220,8 @@ def test_successor_rejected_at_start_fails_the_steer() -> None:
     (here: it no longer fits the context window). The client is owed the steer's
     `response.steer.failed` (`successor_creation_failed`), not only the `error` (PROTOCOL 2.2,
     3.2)."""
-    from tests.unit.test_session_context import make as make_with_context
-    from tests.unit.test_session_context import send_create
 
-    s = make_with_context(context_window=3000)
+    s = make_context_session(context_window=3000)
     start = the_start(send_create(s, input=[user("go")], stream_id="L"))
     feed(s, start.run_id, [created("r1"), added(1, 0), delta(2)])
     [accepted] = sends(s.client_message(steer("r1", "x" * 5000)))
@@ -322,10 +295,8 @@ def test_successor_is_announced_before_it_starts() -> None:
 def test_explicit_create_after_pending_rejected_at_start_fails_the_steers() -> None:
     """The client's create that carries queued steer input (PROTOCOL 2.2 step 4) and is
     refused before the upstream is asked: the steers' input did not reach a response."""
-    from tests.unit.test_session_context import make as make_with_context
-    from tests.unit.test_session_context import send_create
 
-    s = make_with_context(context_window=3000)
+    s = make_context_session(context_window=3000)
     start = the_start(send_create(s, input=[user("go")]))
     feed(s, start.run_id, [created("r1"), added(1, 0, "function_call")])
     s.client_message(steer("r1", "y" * 5000))
