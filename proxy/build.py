@@ -21,7 +21,8 @@ from .core.dialects.auto import AutoDialect
 from .core.dialects.chat import ChatDialect
 from .core.dialects.responses import ResponsesDialect
 from .core.ids import new_id
-from .core.session import Session, SessionLimits, UpstreamPolicy
+from .core.policy import SessionLimits, UpstreamPolicy
+from .core.session import Session
 from .core.store import MemoryStore, ResponseStore
 
 log = logging.getLogger("wsmode.compaction")

@@ -26,7 +26,7 @@ from typing import Any
 
 from .core.context.settings import CompactionSettings, TokensSettings
 from .core.dialects.chat_request import ChatOptions
-from .core.session import SessionLimits
+from .core.policy import SessionLimits
 from .sim.settings import SimSettings
 
 MiB = 1024 * 1024

@@ -12,7 +12,7 @@ from .build import Core
 from .config import Settings
 from .core.context.manager import ContextManager
 from .core.conversation import CacheBudget
-from .core.session import UpstreamPolicy
+from .core.policy import UpstreamPolicy
 from .core.store import ResponseStore
 from .upstream.client import FORWARDED_HEADERS, UpstreamClient
 from .upstream.runner import Channel

@@ -25,7 +25,8 @@ import orjson
 from ..core.actions import StartUpstream
 from ..core.conversation import CacheBudget, ResponseCache
 from ..core.dialects.responses import ResponsesDialect
-from ..core.session import Session, UpstreamPolicy
+from ..core.policy import UpstreamPolicy
+from ..core.session import Session
 from ..core.sse import SSEEvent
 from ..upstream.client import request_body
 from .clients import http_turn, ws_connect, ws_turn

@@ -61,7 +61,6 @@ from .api_objects import lifecycle_event, response_object, zero_usage
 from .context.managed_stream import ManagedStream
 from .context.manager import ContextManager, SummaryResult, compaction_failed
 from .conversation import EMPTY, CachedResponse, ResponseCache, Segment
-from .dialects import Dialect
 from .errors import (
     ClientError,
     ClientTooSlow,
@@ -70,6 +69,7 @@ from .errors import (
     UpstreamError,
     previous_response_not_found,
 )
+from .policy import SessionLimits, UpstreamPolicy
 from .request import check_stream_id, parse_create
 from .runs import Run, RunState, cancel_target, streaming
 from .sse import SSEEvent
@@ -79,25 +79,6 @@ from .store import ResponseStore, StoredResponse
 _IN_FLIGHT = (RunState.COMPACTING, RunState.UPSTREAM, RunState.STREAMING)
 # outcomes whose run delivered what it carried (a steer's input included)
 _DELIVERED = frozenset({Outcome.COMPLETED, Outcome.INCOMPLETE, Outcome.WARMUP, Outcome.STEERED})
-
-
-@dataclass(frozen=True, slots=True)
-class SessionLimits:
-    """A connection's limits, and the config's [limits] section as it is (proxy/config.py
-    imports it; field names are the config keys)."""
-
-    max_active_per_connection: int = 16  # in-flight responses (PROTOCOL 4.3)
-    max_lanes_per_connection: int = 32  # distinct named stream_ids
-    max_queued_per_connection: int = 256  # creates waiting
-    steering: bool = True  # emulate response.steer (PROTOCOL 2.2)
-    max_pending_steers: int = 8  # steers queued on one response (too_many_pending_steers)
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamPolicy:
-    dialect: Dialect
-    store: bool = False  # the `store` sent upstream on rebuilt requests
-    native_previous_response_id: bool = False
 
 
 @dataclass
@@ -625,4 +606,4 @@ class Session:
         return wire.dumps(ev)
 
 
-__all__ = ["Session", "SessionLimits", "UpstreamPolicy"]
+__all__ = ["Session"]

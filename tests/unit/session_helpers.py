@@ -19,7 +19,8 @@ from wsmode.core.context.sealing import Sealer
 from wsmode.core.context.settings import TokensSettings
 from wsmode.core.conversation import CacheBudget, ResponseCache
 from wsmode.core.dialects.responses import ResponsesDialect
-from wsmode.core.session import Session, SessionLimits, UpstreamPolicy
+from wsmode.core.policy import SessionLimits, UpstreamPolicy
+from wsmode.core.session import Session
 from wsmode.core.sse import SSEEvent
 from wsmode.sim.events import response_events
 from wsmode.sim.model import plan

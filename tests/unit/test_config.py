@@ -11,7 +11,7 @@ import pytest
 from wsmode.config import ConfigError, Settings, load_settings
 from wsmode.core.context.settings import CompactionSettings, TokensSettings
 from wsmode.core.dialects.chat_request import ChatOptions
-from wsmode.core.session import SessionLimits
+from wsmode.core.policy import SessionLimits
 
 EXAMPLE = Path(__file__).parents[2] / "config" / "wsmode.example.toml"
 

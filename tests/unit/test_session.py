@@ -16,7 +16,7 @@ from wsmode.core.actions import (
     Send,
 )
 from wsmode.core.errors import UpstreamError, upstream_http_error
-from wsmode.core.session import SessionLimits
+from wsmode.core.policy import SessionLimits
 from wsmode.core.sse import SSEEvent
 
 from tests.unit.session_helpers import (

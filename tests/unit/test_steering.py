@@ -10,7 +10,7 @@ import pytest
 from wsmode.core.actions import CancelUpstream, Close, RunCreated
 from wsmode.core.dialects.responses import ResponsesDialect
 from wsmode.core.errors import ClientError
-from wsmode.core.session import SessionLimits
+from wsmode.core.policy import SessionLimits
 from wsmode.core.steering import SteerRejected, parse_steer, required_input
 
 from tests.unit.session_helpers import (

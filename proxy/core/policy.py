@@ -1,0 +1,30 @@
+"""What a session may do and how it talks to the upstream: plain settings the session reads.
+
+`SessionLimits` is the config's `[limits]` section as it is (proxy/config.py imports it; its
+field names are the config keys), so its defaults are written once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .dialects import Dialect
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    """A connection's limits, and the config's [limits] section as it is (proxy/config.py
+    imports it; field names are the config keys)."""
+
+    max_active_per_connection: int = 16  # in-flight responses (PROTOCOL 4.3)
+    max_lanes_per_connection: int = 32  # distinct named stream_ids
+    max_queued_per_connection: int = 256  # creates waiting
+    steering: bool = True  # emulate response.steer (PROTOCOL 2.2)
+    max_pending_steers: int = 8  # steers queued on one response (too_many_pending_steers)
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamPolicy:
+    dialect: Dialect
+    store: bool = False  # the `store` sent upstream on rebuilt requests
+    native_previous_response_id: bool = False
