@@ -89,7 +89,7 @@ class ClientConnection:
             f"connection {self.id}",
             request.get(REQUEST_ID),
         )
-        self.upstream = state.channel(request.headers, f"connection {self.id}")
+        self.upstream = state.channel(request.headers, self.tracker.label)
         self.pumps: dict[int, asyncio.Task[None]] = {}
         self.tg: asyncio.TaskGroup | None = None
         self.responses = 0

@@ -71,3 +71,21 @@ def event_type(data: bytes) -> str | None:
         return None
     kind = ev.get("type") if isinstance(ev, dict) else None
     return kind if isinstance(kind, str) else None
+
+
+_SEQ_KEY = b'"sequence_number":'
+
+
+def sequence_number(data: bytes) -> int | None:
+    """The `sequence_number` of a serialised event, read without parsing it (the hot path
+    forwards deltas unparsed and asks only when it must number an event of its own)."""
+    at = data.find(_SEQ_KEY)
+    if at < 0:
+        return None
+    i = at + len(_SEQ_KEY)
+    while i < len(data) and data[i] == 0x20:
+        i += 1
+    j = i
+    while j < len(data) and 0x30 <= data[j] <= 0x39:
+        j += 1
+    return int(data[i:j]) if j > i else None

@@ -52,9 +52,8 @@ class HttpExchange:
     def __init__(self, state: AppState, request: web.Request, stream: bool) -> None:
         self.state = state
         self.request = request
-        self.stream = stream
         self.session = state.core.session(owner_of(request.headers.get("Authorization")), 1)
-        self.upstream = state.channel(request.headers, f"http {request.remote}")
+        label = f"http {request.remote}"  # who the log lines are about
         self.sse: web.StreamResponse | None = None
         self.pending: list[StartUpstream | Summarise] = []
         self.running: int | None = None  # the run whose upstream request is being read
@@ -65,9 +64,10 @@ class HttpExchange:
             ops.usage,
             state.policy.dialect.name,
             self.session.owner,
-            f"http {request.remote}",
+            label,
             request.get(REQUEST_ID),
         )
+        self.upstream = state.channel(request.headers, label)
 
     async def run(self, body: dict[str, Any], nbytes: int = 0) -> web.StreamResponse:
         try:

@@ -139,13 +139,9 @@ class Relay:
         return Resend.REOPEN
 
     def _track_seq(self, data: bytes) -> None:
-        at = data.find(b'"sequence_number":')
-        if at >= 0:
-            i = j = at + len(b'"sequence_number":')
-            while j < len(data) and 0x30 <= data[j] <= 0x39:
-                j += 1
-            if j > i:
-                self.last_seq = int(data[i:j])
+        seq = wire.sequence_number(data)
+        if seq is not None:
+            self.last_seq = seq
 
     def _parsed(self, kind: str, data: bytes) -> list[Action]:
         ev = wire.loads(data)

@@ -39,21 +39,6 @@ _PARSED = frozenset(
         *TERMINAL_TYPES,
     }
 )
-_SEQ_KEY = b'"sequence_number":'
-
-
-def _seq_of(data: bytes) -> int | None:
-    """Read `sequence_number` from an event's bytes without parsing the event."""
-    at = data.find(_SEQ_KEY)
-    if at < 0:
-        return None
-    i = at + len(_SEQ_KEY)
-    while i < len(data) and data[i] == 0x20:
-        i += 1
-    j = i
-    while j < len(data) and 0x30 <= data[j] <= 0x39:
-        j += 1
-    return int(data[i:j]) if j > i else None
 
 
 class ResponsesStream:
@@ -86,7 +71,7 @@ class ResponsesStream:
         """Read from the last forwarded event only when asked (a failure or a steer needs
         it): the hot path never searches delta events for their number."""
         if self._unread is not None:
-            seq = _seq_of(self._unread)
+            seq = wire.sequence_number(self._unread)
             if seq is not None:
                 self._seq = seq
             self._unread = None
