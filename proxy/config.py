@@ -1,7 +1,7 @@
 """Settings: frozen dataclasses, filled by one pure loader.
 
 A section the core reads is the core's own dataclass, so its defaults are written once:
-[limits] is `SessionLimits` (proxy/core/session.py), [tokens] and [compaction] are
+[limits] is `SessionLimits` (proxy/core/policy.py), [tokens] and [compaction] are
 proxy/core/context/settings.py's, [chat] is `ChatOptions` (proxy/core/dialects/
 chat_request.py). Their checks run when they are built and raise `ValueError`, which the
 loader reports as `ConfigError`.
