@@ -137,6 +137,13 @@ def previous_response_not_found(response_id: str) -> ClientError:
     )
 
 
+def no_tool_call(what: str, call_id: str) -> ClientError:
+    """A tool output whose call is not in the conversation: OpenAI's own words and code."""
+    return ClientError(
+        f"No tool call found for {what} with call_id {call_id[:200]}.", code=None, param="input"
+    )
+
+
 def upstream_http_error(status: int, body: bytes) -> UpstreamError:
     """Turn an upstream's non-2xx answer into our error, keeping its status and error body.
 

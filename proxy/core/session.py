@@ -58,15 +58,24 @@ from .actions import (
     StartUpstream,
 )
 from .api_objects import lifecycle_event, response_object, zero_usage
+from .context.compaction import compaction_of
 from .context.managed_stream import ManagedStream
 from .context.manager import ContextManager, SummaryResult, compaction_failed
-from .conversation import EMPTY, CachedResponse, ResponseCache, Segment
+from .conversation import (
+    CHECKED_OUTPUTS,
+    EMPTY,
+    CachedResponse,
+    ResponseCache,
+    Segment,
+    orphan_output,
+)
 from .errors import (
     ClientError,
     ClientTooSlow,
     ProxyError,
     ServerDraining,
     UpstreamError,
+    no_tool_call,
     previous_response_not_found,
 )
 from .policy import SessionLimits, UpstreamPolicy
@@ -327,6 +336,10 @@ class Session:
                 return [Send(self._error_frame(err, req.lane)), *self._end(run, Outcome.REJECTED)]
             self.steering.apply_waiting(run)
             req = run.req
+        refused = self._check_input(run)
+        if refused is not None:  # a failed continuation: the parent goes (PROTOCOL 4.2)
+            self._evict_parent(run)
+            return [Send(self._error_frame(refused, req.lane)), *self._end(run, Outcome.REJECTED)]
         if not req.generate:
             return self._warmup(run)
         run.native = (
@@ -377,6 +390,27 @@ class Session:
         if run is None or run.state is not RunState.COMPACTING:
             return []
         return self._fail(run, compaction_failed(err))
+
+    def _check_input(self, run: Run) -> ClientError | None:
+        """Checks of the new input against the conversation: every function or custom tool
+        call output answers a call of the conversation or of the input before it (OpenAI's
+        400), from the parent's call index, so the cost is the new input's, not the history's."""
+        parent = run.parent or EMPTY
+        items, opaque = self._visible(run.req.input_items)
+        if not opaque and not parent.opaque:
+            found = orphan_output(parent.calls, items)
+            if found is not None:
+                return no_tool_call(CHECKED_OUTPUTS[found[1]], found[2])
+        return None
+
+    def _visible(self, items: tuple[bytes, ...]) -> tuple[tuple[bytes, ...], bool]:
+        """The new input as the call index sees it: compaction items expanded when they are
+        this proxy's own; `True` if one holds what the proxy cannot see (the upstream's)."""
+        if not any(compaction_of(item) is not None for item in items):
+            return items, False
+        if self.context is None:
+            return items, True
+        return self.context.expanded(items, self.owner), False
 
     def _lookup(self, rid: str) -> CachedResponse | None:
         """PROTOCOL 4.2: the connection cache first, then the store (stored responses only)."""
@@ -536,10 +570,14 @@ class Session:
         # after a compaction the conversation continues from the compaction item, which
         # stands for everything before it: the parent's segments are no longer needed
         compacted = run.context is not None and run.context.compaction is not None
-        parent = EMPTY if compacted else (run.parent or EMPTY)
+        parent = run.parent or EMPTY
         settings = {**run.req.settings, "store": run.req.store}
         added = Segment((*run.req.input_items, *output))
-        entry = parent.child(rid, run.req.lane, added, settings)
+        seen, opaque = self._visible(run.req.input_items)
+        expanded = None if seen is run.req.input_items else (*seen, *output)
+        entry = parent.child(
+            rid, run.req.lane, added, settings, compacted=compacted, opaque=opaque, seen=expanded
+        )
         self.cache.put(entry)
         if run.req.store and self.store is not None:
             inputs = entry.item_count - len(output)

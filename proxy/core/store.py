@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from .conversation import CacheBudget, CachedResponse, ResponseCache
@@ -84,7 +84,7 @@ class MemoryStore:
     def put(self, stored: StoredResponse, owner: str) -> bool:
         self._expire()
         key = self._key(stored.entry.id, owner)
-        keyed = CachedResponse(key, stored.entry.lane, stored.entry.segments, stored.entry.settings)
+        keyed = replace(stored.entry, id=key)  # its call index and all
         self._expiry.pop(key, None)
         if not self._cache.put(keyed):
             self._meta.pop(key, None)

@@ -75,3 +75,19 @@ def test_chat_translation_bench_runs_as_a_module(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = ("responses (concatenation)", "chat, memo, chained turns", "chat, no memo")
     assert all(row in proc.stdout for row in rows), proc.stdout
+
+
+def test_call_check_bench_runs_as_a_module(tmp_path: Path) -> None:
+    """`python -m wsmode.bench.call_check` on tiny histories prints both rows and a ratio."""
+    args = ["--small-kb", "5", "--mb", "0.05", "--runs", "5"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "wsmode.bench.call_check", *args],
+        capture_output=True,
+        text=True,
+        timeout=seconds(60),
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "large/small" in proc.stdout
+    assert all(row in proc.stdout for row in ("check", "inherit")), proc.stdout

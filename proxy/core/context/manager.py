@@ -160,6 +160,11 @@ class ContextManager:
             raise invalid("'truncation' must be 'auto' or 'disabled'.", "truncation")
         self._render(req.input_items, owner)
 
+    def expanded(self, items: tuple[bytes, ...], owner: str) -> tuple[bytes, ...]:
+        """`items` with every compaction item replaced by what it stands for (memoised per
+        item), so that the tool calls it kept verbatim can be seen."""
+        return self._render(items, owner).items
+
     def _threshold(self, settings: dict[str, Any]) -> int | None:
         """The compaction threshold the request asks for, or None."""
         entries = settings.get("context_management")
