@@ -26,6 +26,7 @@ from .ops.middleware import OPS, install
 from .runtime import APP_STATE, AppState
 from .sim.app import create_sim_app
 from .upstream.client import UpstreamClient
+from .upstream.moderation import Moderator
 from .upstream.probe import probe
 from .upstream.tokenizer import TokenizeWorker, tokenize_url
 from .ws_front import ClientConnection
@@ -65,6 +66,7 @@ def create_app(settings: Settings) -> web.Application:
         upstream=UpstreamClient(url, settings.upstream),
         upstream_url=url,
         simulated=not url,
+        moderator=Moderator(settings.guards) if settings.guards.moderation_url else None,
     )
     app.cleanup_ctx.append(_lifecycle)
     app.cleanup_ctx.append(_tokenizer)
@@ -98,6 +100,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             state.upstream_url,
         )
     await state.upstream.start()
+    if state.moderator is not None:
+        await state.moderator.start()
     if isinstance(state.policy.dialect, AutoDialect):
         await probe(state.upstream, state.policy.dialect)
     log.info("upstream %s (%s dialect)", state.upstream_url, state.policy.dialect.name)
@@ -105,6 +109,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await state.upstream.close()
+        if state.moderator is not None:
+            await state.moderator.close()
         if sim_runner is not None:
             await sim_runner.cleanup()
 

@@ -20,6 +20,7 @@ from .core.dialects import Dialect
 from .core.dialects.auto import AutoDialect
 from .core.dialects.chat import ChatDialect
 from .core.dialects.responses import ResponsesDialect
+from .core.guards import DenyPatterns, Guard, Guards, MaxNewInputBytes
 from .core.ids import new_id
 from .core.policy import SessionLimits, UpstreamPolicy
 from .core.session import Session
@@ -38,6 +39,7 @@ class Core:
     cache_budget: CacheBudget
     store: ResponseStore | None
     context: ContextManager | None  # compaction and context windows; None when switched off
+    guards: Guards | None = None  # checks of each turn's new input ([guards])
 
     def session(self, owner: str, max_entries: int | None = None) -> Session:
         """A session for one connection (or one HTTP request: `max_entries=1`)."""
@@ -56,6 +58,7 @@ class Core:
             store=self.store,
             owner=owner,
             context=self.context,
+            guards=self.guards,
         )
 
 
@@ -76,7 +79,21 @@ def build_core(settings: Settings) -> Core:
             else None
         ),
         context=build_context(settings),
+        guards=build_guards(settings),
     )
+
+
+def build_guards(settings: Settings) -> Guards | None:
+    """The `[guards]` checks the core runs; None when none is configured."""
+    g = settings.guards
+    checks: list[Guard] = []
+    if g.max_new_input_bytes:
+        checks.append(MaxNewInputBytes(g.max_new_input_bytes))
+    if g.deny_patterns:
+        checks.append(DenyPatterns.compile(g.deny_patterns))
+    if not checks and not g.moderation_url:
+        return None
+    return Guards(tuple(checks), moderation=bool(g.moderation_url))
 
 
 def make_dialect(settings: Settings) -> Dialect:

@@ -16,6 +16,7 @@ Unknown sections or keys are errors, never silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 import types
 import typing
@@ -128,6 +129,32 @@ class UsageSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class GuardSettings:
+    """`[guards]`: checks of each turn's new input (docs/guards.md)."""
+
+    max_new_input_bytes: int = 0  # 0: no limit
+    deny_patterns: tuple[str, ...] = ()  # regular expressions, case-insensitive
+    moderation_url: str = ""  # an OpenAI-compatible /v1/moderations; "": off
+    moderation_model: str = "omni-moderation-latest"
+    moderation_api_key: str = field(default="", metadata=SECRET)
+    moderation_timeout: float = 5.0
+    moderation_fail_open: bool = False  # endpoint failures let the turn through
+
+    def __post_init__(self) -> None:
+        if self.max_new_input_bytes < 0:
+            raise ValueError("guards.max_new_input_bytes must be 0 or more")
+        for pattern in self.deny_patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"guards.deny_patterns: {pattern!r} is not valid: {exc}") from None
+        if self.moderation_url and not self.moderation_url.startswith(("http://", "https://")):
+            raise ValueError("guards.moderation_url must start with http:// or https://")
+        if self.moderation_timeout <= 0:
+            raise ValueError("guards.moderation_timeout must be more than 0")
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
@@ -141,6 +168,7 @@ class Settings:
     sim: SimSettings = field(default_factory=SimSettings)
     sidecar: SidecarSettings = field(default_factory=SidecarSettings)
     chat: ChatOptions = field(default_factory=ChatOptions)
+    guards: GuardSettings = field(default_factory=GuardSettings)
 
 
 # Short environment names for the flags of `wsmode serve`.

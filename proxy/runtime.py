@@ -15,6 +15,7 @@ from .core.conversation import CacheBudget
 from .core.policy import UpstreamPolicy
 from .core.store import ResponseStore
 from .upstream.client import FORWARDED_HEADERS, UpstreamClient
+from .upstream.moderation import Moderator
 from .upstream.runner import Channel
 from .upstream.tokenizer import TokenizeWorker
 
@@ -26,13 +27,15 @@ class AppState:
     upstream_url: str
     simulated: bool = False
     tokenizer: TokenizeWorker | None = None  # exact token counts, in the background
+    moderator: Moderator | None = None  # the input guards' moderation hook ([guards])
     client_bytes_received: int = 0  # WebSocket text bytes from clients, all connections
 
     def channel(self, client_headers: Mapping[str, str], label: str) -> Channel:
         """Where the upstream requests made for one client go: the client's headers that are
         forwarded (FORWARDED_HEADERS), and `label` to name the client in log lines."""
         headers = {k: v for k, v in client_headers.items() if k.lower() in FORWARDED_HEADERS}
-        return Channel(self.upstream, headers, self.settings.upstream.max_event_bytes, label)
+        max_event = self.settings.upstream.max_event_bytes
+        return Channel(self.upstream, headers, max_event, label, self.moderator)
 
     # the core's parts the fronts read most, by their short names
     @property

@@ -47,6 +47,9 @@ class StartUpstream:
     run_id: int
     body: list[bytes]  # pieces of the JSON body, concatenated by the adapter
     path: str  # appended to the upstream base URL
+    # the new input's text, to moderate before the request goes out (core/guards.py); the
+    # runner answers a refusal with `Session.input_refused`
+    moderate: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

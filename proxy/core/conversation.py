@@ -114,6 +114,9 @@ class CachedResponse:
     settings: Mapping[str, Any] = field(default_factory=dict)  # the request minus its input
     calls: CallIndex = NO_CALLS  # every tool call of the conversation (the module's doc)
     opaque: bool = False  # holds a compaction item the index cannot see into
+    # new text no moderation has seen (a `generate: false` turn's): the next turn that goes
+    # to the model has it moderated with its own (core/guards.py)
+    unmoderated: tuple[str, ...] = ()
 
     def items(self) -> Iterator[bytes]:
         for seg in self.segments:
@@ -137,13 +140,17 @@ class CachedResponse:
         compacted: bool = False,
         opaque: bool = False,
         seen: Iterable[bytes] | None = None,
+        unmoderated: tuple[str, ...] = (),
     ) -> CachedResponse:
         """The conversation continued by `added`. `compacted`: `added` starts with what a
         compaction left of the history, so the parent's segments go, its index stays.
-        `seen`: the items to index in place of `added`'s (compaction items expanded)."""
+        `seen`: the items to index in place of `added`'s (compaction items expanded).
+        `unmoderated`: the text of `added` that no moderation saw (a warmup's)."""
         segments = (added,) if compacted else (*self.segments, added)
         calls = index_calls(self.calls, added.items if seen is None else seen)
-        return CachedResponse(response_id, lane, segments, settings, calls, self.opaque or opaque)
+        return CachedResponse(
+            response_id, lane, segments, settings, calls, self.opaque or opaque, unmoderated
+        )
 
 
 EMPTY = CachedResponse("", None, ())

@@ -78,6 +78,7 @@ class Run:
     stream: StreamTranslator | None = None
     steers: list[Steer] = field(default_factory=list)  # accepted, not yet applied
     applies: list[Steer] = field(default_factory=list)  # steers whose input this run carries
+    moderation: tuple[str, ...] | None = None  # new text the runner moderates (core/guards.py)
     seq_offset: int = 0  # events the proxy inserted into this response's stream
     context: Prepared | None = None  # the prepared upstream input (ContextManager)
 

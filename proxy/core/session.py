@@ -78,6 +78,7 @@ from .errors import (
     no_tool_call,
     previous_response_not_found,
 )
+from .guards import Guards
 from .policy import SessionLimits, UpstreamPolicy
 from .request import check_stream_id, parse_create
 from .runs import Run, RunState, cancel_target, streaming
@@ -100,6 +101,7 @@ class Session:
     store: ResponseStore | None = None  # responses that outlive the socket (store != false)
     owner: str = "anonymous"  # the credential scope for `store` and compaction items
     context: ContextManager | None = None  # compaction, truncation, token counts
+    guards: Guards | None = None  # checks of each turn's new input (core/guards.py)
 
     def __post_init__(self) -> None:
         self._ids = itertools.count(1)
@@ -392,16 +394,31 @@ class Session:
         return self._fail(run, compaction_failed(err))
 
     def _check_input(self, run: Run) -> ClientError | None:
-        """Checks of the new input against the conversation: every function or custom tool
-        call output answers a call of the conversation or of the input before it (OpenAI's
-        400), from the parent's call index, so the cost is the new input's, not the history's."""
+        """Checks of the new input: every function or custom tool call output answers a call
+        of the conversation or of the input before it (OpenAI's 400), from the parent's call
+        index; then the input guards. The cost is the new input's, not the history's."""
         parent = run.parent or EMPTY
         items, opaque = self._visible(run.req.input_items)
         if not opaque and not parent.opaque:
             found = orphan_output(parent.calls, items)
             if found is not None:
                 return no_tool_call(CHECKED_OUTPUTS[found[1]], found[2])
+        if self.guards is not None:
+            refusal, run.moderation = self.guards.run(run.req.input_items)
+            if refusal is None and parent.unmoderated and self.guards.moderation:
+                run.moderation = (*parent.unmoderated, *(run.moderation or ()))
+            return refusal
         return None
+
+    def input_refused(self, run_id: int, err: ProxyError) -> list[Action]:
+        """The runner's moderation refused the run's new input (a `ClientError`), or could
+        not answer and fails closed: before any upstream request, so no event was sent."""
+        run = self._runs.get(run_id)
+        if run is None:
+            return []
+        self._evict_parent(run)  # a failed continuation (PROTOCOL 4.2)
+        outcome = Outcome.REJECTED if isinstance(err, ClientError) else Outcome.FAILED
+        return [Send(self._error_frame(err, run.req.lane)), *self._end(run, outcome)]
 
     def _visible(self, items: tuple[bytes, ...]) -> tuple[tuple[bytes, ...], bool]:
         """The new input as the call index sees it: compaction items expanded when they are
@@ -446,7 +463,9 @@ class Session:
         else:
             parent = run.parent or EMPTY
             items = [*parent.items(), *req.input_items]
-        start = StartUpstream(run.id, dialect.body(settings, extra, items), dialect.path)
+        body = dialect.body(settings, extra, items)
+        start = StartUpstream(run.id, body, dialect.path, run.moderation)
+        run.moderation = None  # once: not again after a native fallback or auto's switch
         run.move(RunState.UPSTREAM)  # again after a native fallback or auto's switch
         return start
 
@@ -576,7 +595,14 @@ class Session:
         seen, opaque = self._visible(run.req.input_items)
         expanded = None if seen is run.req.input_items else (*seen, *output)
         entry = parent.child(
-            rid, run.req.lane, added, settings, compacted=compacted, opaque=opaque, seen=expanded
+            rid,
+            run.req.lane,
+            added,
+            settings,
+            compacted=compacted,
+            opaque=opaque,
+            seen=expanded,
+            unmoderated=run.moderation or (),  # left only by a warmup: it went nowhere
         )
         self.cache.put(entry)
         if run.req.store and self.store is not None:

@@ -56,6 +56,7 @@ class SimState:
     peak_active: int = 0  # the most streams open at once
     bytes_received: int = 0
     tokenize_calls: int = 0
+    moderations: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=10_000))
     last_headers: dict[str, str] = field(default_factory=dict)  # of the latest request
 
     @contextmanager
@@ -220,6 +221,36 @@ async def _tokenize(request: web.Request) -> web.Response:
     return web.json_response({"tokens": tokenize(content)})
 
 
+async def _moderations(request: web.Request) -> web.Response:
+    """An OpenAI-compatible `POST /v1/moderations`: each input string is flagged (category
+    `harassment`) when it contains `moderation_flag_word`. Bodies are kept for tests."""
+    state = request.app[SIM_STATE]
+    try:
+        doc = wire.loads(await request.read())
+    except wire.JSONDecodeError:
+        return error(400, "We could not parse the JSON body of your request.", "invalid_json")
+    given = doc.get("input") if isinstance(doc, dict) else None
+    texts = [given] if isinstance(given, str) else given
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        return error(400, "Missing required parameter: 'input'.", "missing_required_parameter")
+    state.moderations.append(doc)
+    if state.settings.moderation_delay_ms > 0:
+        await asyncio.sleep(state.settings.moderation_delay_ms / 1000)
+    word = state.settings.moderation_flag_word.lower()
+    results = []
+    for text in texts:
+        flagged = bool(word) and word in text.lower()
+        results.append(
+            {
+                "flagged": flagged,
+                "categories": {"harassment": flagged},
+                "category_scores": {"harassment": 0.99 if flagged else 0.01},
+            }
+        )
+    model = doc.get("model") or "omni-moderation-latest"
+    return web.json_response({"id": "modr-sim", "model": model, "results": results})
+
+
 async def _faults(request: web.Request) -> web.Response:
     doc = wire.loads(await request.read())
     faults = doc.get("faults", []) if isinstance(doc, dict) else []
@@ -271,6 +302,7 @@ def create_sim_app(
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/tokenize", _tokenize)
+    app.router.add_post("/v1/moderations", _moderations)
     app.router.add_post("/sim/faults", _faults)
     app.router.add_get("/sim/stats", _stats)
     app.router.add_get("/healthz", _stats)

@@ -15,3 +15,6 @@ class SimSettings:
     tool_calls_per_turn: int = 1
     output_items: int = 1  # assistant messages a text answer is split over
     context_window: int = 0  # tokens; a larger input gets 400 context_length_exceeded
+    # POST /v1/moderations flags an input containing this word (case-insensitive); "" never
+    moderation_flag_word: str = "forbidden"
+    moderation_delay_ms: float = 0.0  # how long the moderation endpoint takes to answer

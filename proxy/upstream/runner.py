@@ -20,6 +20,10 @@ executor acts on `CancelUpstream`: for another run it cancels that run's task; f
 whose batch it is executing it raises `Abandon` once the whole batch is executed, and the
 runner leaves the stream without draining, which closes the upstream request.
 
+With input guards that moderate (proxy/core/guards.py), `respond` first awaits the moderation
+hook (proxy/upstream/moderation.py) with the new text the session put on `StartUpstream`, and
+a refusal goes back to the session (`Session.input_refused`) instead of the model request.
+
 A summary (`Channel.summary`), the summarising request of a compaction: its events stay here.
 The core plans it, this module runs it with the dialect's own translator and returns the
 output items and usage; nothing reaches the client, and the session gets the result back
@@ -40,6 +44,7 @@ from ..core.errors import UpstreamError
 from ..core.session import Session
 from ..core.sse import SSEDecoder, SSEEvent, SSEEventTooLarge
 from .client import UpstreamClient, request_body
+from .moderation import Moderator
 
 log = logging.getLogger("wsmode.upstream")
 
@@ -75,6 +80,7 @@ class Channel:
     headers: Mapping[str, str]  # the client's headers forwarded upstream (FORWARDED_HEADERS)
     max_event_bytes: int  # upstream.max_event_bytes
     label: str  # "connection conn_...", "http 127.0.0.1": who the log lines are about
+    moderator: Moderator | None = None  # the input guards' moderation hook ([guards])
 
     async def run(
         self,
@@ -93,6 +99,13 @@ class Channel:
         self, session: Session, start: StartUpstream, execute: Execute, trace: Trace | None
     ) -> None:
         run_id = start.run_id
+        if start.moderate is not None and self.moderator is not None:
+            # before the model request: a flagged turn never reaches the model, and the
+            # wait counts as the proxy's part of the time to first event
+            refusal = await self.moderator.check(start.moderate, self.label)
+            if refusal is not None:
+                await execute(session.input_refused(run_id, refusal))
+                return
         decoder = SSEDecoder(self.max_event_bytes)
         debug = log.isEnabledFor(logging.DEBUG)  # per-event lines only when asked for
         on_sent = trace.sent if trace is not None else None
