@@ -57,6 +57,8 @@ def _tool_item(item: bytes) -> tuple[str, str] | None:
     if _CALL_ID not in item:
         return None
     doc = wire.loads(item)
+    if not isinstance(doc, dict):
+        return None
     kind, call_id = doc.get("type"), doc.get("call_id")
     if isinstance(kind, str) and isinstance(call_id, str):
         return kind, call_id

@@ -33,7 +33,9 @@ connection closes once no run is in flight; after `begin_drain` creates are refu
 On a terminal `completed` or `incomplete` the run's whole item list (parent items, new input,
 output) is cached under the response id. On any failure of a continuation the parent is
 evicted when it belongs to the same lane, and kept for a cross-lane fork (4.2). Errors the
-client caused, and cancels, never change the cache.
+client caused, and cancels, never change the cache, with one exception: new input refused
+when the run starts (a tool output that answers no call of the conversation, an input guard:
+core/guards.py) fails the continuation as OpenAI's would, and evicts the parent likewise.
 """
 
 from __future__ import annotations
