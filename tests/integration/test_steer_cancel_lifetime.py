@@ -83,8 +83,8 @@ async def test_steer_pending_for_client_tool_output(sim_factory: Any, proxy_fact
         output = {"type": "function_call_output", "call_id": call["call_id"], "output": "done"}
         await send(ws, create(input=[output], previous_response_id=rid, tools=TOOLS, store=False))
         assert (await until_terminal(ws))[-1]["type"] == "response.completed"
-    # the queued steer input went first, then the client's own input
-    assert sim.bodies()[1]["input"] == [user("go"), call, user("also X"), output]
+    # the tool output stays next to its call; the queued steer input follows it
+    assert sim.bodies()[1]["input"] == [user("go"), call, output, user("also X")]
 
 
 async def test_steer_failures(sim_factory: Any, proxy_factory: Any) -> None:
