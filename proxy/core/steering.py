@@ -240,10 +240,32 @@ class Steering:
         self._waiting.clear()
 
 
+# The calls a response leaves to the client, as the upstreams wsmode fronts make them
+# (PROTOCOL 3.2 `required_input`): each maps to the type of the item that answers it and
+# the fields of the call its stub names.
+CLIENT_CALLS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "function_call": ("function_call_output", ("call_id", "name")),
+    "custom_tool_call": ("custom_tool_call_output", ("call_id",)),
+}
+# every item that answers a call or an approval request (the stubs PROTOCOL 3.2 lists)
+_ANSWERS = frozenset(
+    {
+        "function_call_output",
+        "custom_tool_call_output",
+        "computer_call_output",
+        "local_shell_call_output",
+        "shell_call_output",
+        "apply_patch_call_output",
+        "tool_search_output",
+        "mcp_approval_response",
+    }
+)
+
+
 def _is_tool_output(kind: str | None) -> bool:
-    """An item that answers a call of the previous response: a tool's output
-    (`function_call_output`, `custom_tool_call_output`, ...) or an approval."""
-    return kind is not None and (kind.endswith("_call_output") or kind == "mcp_approval_response")
+    """An item that answers a call of the previous response: a tool's output or an
+    approval."""
+    return kind in _ANSWERS
 
 
 def _leading_tool_outputs(items: tuple[bytes, ...]) -> int:
@@ -255,13 +277,13 @@ def _leading_tool_outputs(items: tuple[bytes, ...]) -> int:
 
 
 def at_boundary(run: Run) -> bool:
-    """Between output items, and no function call emitted (then the response must end for
-    the client's tool output, and the steer waits: PROTOCOL 2.2 step 4)."""
+    """Between output items, and no call for the client emitted (then the response must end
+    for the client's tool output, and the steer waits: PROTOCOL 2.2 step 4)."""
     stream = run.stream
     if stream is None or stream.response is None or stream.open_items:
         return False
     return not any(
-        isinstance(i, dict) and i.get("type") == "function_call" for i in stream.finished_items()
+        isinstance(i, dict) and i.get("type") in CLIENT_CALLS for i in stream.finished_items()
     )
 
 
@@ -379,16 +401,11 @@ def failed_event(
 
 def required_input(output: list[Any]) -> list[dict[str, Any]]:
     """The stubs a client must fill before the steer can be applied: one per call that
-    waits for client-owned output (function calls are the only ones a stateless upstream
-    makes)."""
+    waits for client-owned output (`CLIENT_CALLS`; a function call, from most upstreams)."""
     stubs: list[dict[str, Any]] = []
     for item in output:
-        if isinstance(item, dict) and item.get("type") == "function_call":
-            stubs.append(
-                {
-                    "type": "function_call_output",
-                    "call_id": item.get("call_id"),
-                    "name": item.get("name"),
-                }
-            )
+        kind = item.get("type") if isinstance(item, dict) else None
+        if isinstance(kind, str) and kind in CLIENT_CALLS:
+            answer, fields = CLIENT_CALLS[kind]
+            stubs.append({"type": answer, **{f: item.get(f) for f in fields}})
     return stubs

@@ -144,6 +144,26 @@ def test_create_queued_before_the_tool_turn_ended_gets_the_same_order() -> None:
     assert body_of(the_start(out))["input"][-3:] == [CALL, TOOL_OUT, user("more")]
 
 
+CUSTOM_CALL = {"id": "i0", "type": "custom_tool_call", "call_id": "c9", "name": "p", "input": "x"}
+
+
+def test_a_custom_tool_call_waits_for_its_output_like_a_function_call() -> None:
+    """A steer never interrupts after a call the client must answer: the successor would
+    carry the call without its output. It waits, and the stub names the custom output."""
+    s = make_session()
+    start = the_start(create(s, input=[user("go")]))
+    feed(s, start.run_id, [created("r1"), added(1, 0, "custom_tool_call")])
+    s.client_message(steer("r1", "more"))
+    out = feed(s, start.run_id, [done(2, 0, CUSTOM_CALL)])
+    assert starts(out) == [] and s.is_active(start.run_id)  # no interruption at the boundary
+    out = feed(s, start.run_id, [terminal("r1", 3, [CUSTOM_CALL])])
+    [pending] = [e for e in sends(out) if e["type"] == "response.steer.pending"]
+    assert pending["required_input"] == [{"type": "custom_tool_call_output", "call_id": "c9"}]
+    answer = {"type": "custom_tool_call_output", "call_id": "c9", "output": "ok"}
+    body = body_of(the_start(create(s, previous_response_id="r1", input=[answer])))
+    assert body["input"][-3:] == [CUSTOM_CALL, answer, user("more")]
+
+
 def test_chat_upstream_gets_the_tool_results_next_to_their_calls() -> None:
     """The Chat body of the explicit create passes a strict server's ordering rule:
     assistant(tool_calls), tool, then the steer's user message."""
