@@ -4,12 +4,17 @@ from a response still in flight on another lane."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+from openai.lib.responses_websocket import (
+    AsyncResponsesWebSocketSession,
+    ResponsesWebSocketLimits,
+)
 from websockets.asyncio.client import ClientConnection, connect
 
 from tests.chat_checks import tool_order_errors
-from tests.helpers import Proxy, create, recv, send, until_terminal, user
+from tests.helpers import Proxy, create, recv, seconds, send, until_terminal, user
 
 TOOLS = [{"type": "function", "name": "run", "parameters": {"type": "object", "properties": {}}}]
 # what ends a lane's exchange here: a failed response is followed by its `error`
@@ -82,7 +87,7 @@ async def test_chat_upstream_gets_tool_results_next_to_their_calls(
     """The Chat request after a steered tool turn passes a strict server's ordering rule:
     assistant(tool_calls), tool, then the steer's user message; the next turn, rebuilt from
     the cache, keeps that order."""
-    sim = await sim_factory(tokens_per_second=2, output_tokens=1)
+    sim = await sim_factory(tokens_per_second=1, output_tokens=1)
     proxy = await proxy_factory(sim.url, upstream__api="chat")
     async with connect(proxy.ws) as ws:
         rid, call = await _steered_tool_turn(ws)
@@ -107,7 +112,7 @@ async def test_chat_upstream_gets_tool_results_next_to_their_calls(
 async def test_fork_from_a_response_in_flight_waits_for_it(
     sim_factory: Any, proxy_factory: Any
 ) -> None:
-    sim = await sim_factory(tokens_per_second=50, output_tokens=30)
+    sim = await sim_factory(tokens_per_second=50, output_tokens=60)
     proxy = await proxy_factory(sim.url)
     async with connect(proxy.ws) as ws:
         await send(ws, create(input=[user("root")], stream_id="main", store=False))
@@ -127,12 +132,12 @@ async def test_fork_from_a_response_in_flight_waits_for_it(
 async def test_fork_from_a_parent_that_fails_answers_as_a_continuation_would(
     sim_factory: Any, proxy_factory: Any
 ) -> None:
-    sim = await sim_factory(tokens_per_second=50, output_tokens=60)
+    sim = await sim_factory(tokens_per_second=50, output_tokens=100)
     proxy = await proxy_factory(sim.url)
     async with connect(proxy.ws) as ws:
         await send(
             ws,
-            create(input="root", stream_id="main", metadata={"sim_fault": "error:40"}, store=False),
+            create(input="root", stream_id="main", metadata={"sim_fault": "error:80"}, store=False),
         )
         rid = (await recv(ws))["response"]["id"]
         await send(ws, create(input="fork", stream_id="side", previous_response_id=rid))
@@ -146,3 +151,49 @@ async def test_fork_from_a_parent_that_fails_answers_as_a_continuation_would(
     # it waited for the parent's end instead of answering at once
     assert kinds.index(("main", "response.failed")) < kinds.index(("side", "error"))
     assert len(sim.bodies()) == 2  # the fork never went upstream
+
+
+LIMITS = ResponsesWebSocketLimits(
+    max_lanes=4,
+    max_events_per_lane=10_000,
+    max_events=40_000,
+    max_bytes_per_lane=10**7,
+    max_bytes=4 * 10**7,
+)
+
+
+async def test_openai_sdk_lane_forks_from_a_response_still_streaming(
+    sim_factory: Any, proxy_factory: Any, openai_client: Any
+) -> None:
+    """The openai SDK's lane helper: fork as soon as the parent's id is known, read both
+    lanes' final responses."""
+    sim = await sim_factory(tokens_per_second=100, output_tokens=200)
+    proxy = await proxy_factory(sim.url)
+    client = openai_client(proxy.http, api_key="sk-test")
+    async with (
+        client.responses.connect() as conn,
+        AsyncResponsesWebSocketSession(conn, limits=LIMITS) as session,
+    ):
+        main, side = session.lane("main"), session.lane("side")
+        root = {"type": "response.create", "model": "sim", "input": "root", "store": False}
+        await main.send(root)
+        created = await asyncio.wait_for(main.recv(), seconds(10))
+        assert created.type == "response.created"
+        fork = {
+            "type": "response.create",
+            "model": "sim",
+            "input": "fork",
+            "previous_response_id": created.response.id,
+            "store": False,
+        }
+        await side.send(fork)
+        parent, branch = await asyncio.wait_for(
+            asyncio.gather(main.get_final_response(), side.get_final_response()), seconds(20)
+        )
+    assert parent.status == branch.status == "completed"
+    assert branch.previous_response_id == parent.id
+    assert sim.bodies()[-1]["input"] == [
+        user("root"),
+        *[o.model_dump(exclude_none=True) for o in parent.output],
+        user("fork"),
+    ]
