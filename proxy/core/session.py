@@ -13,8 +13,9 @@ lane (`RunCreated` tells the adapter). Lanes are FIFO and never overlap; differe
 concurrently up to `max_active` runs per connection, further creates wait (4.3). A run
 starts when it reaches the head of its lane and a slot is free; only then is
 `previous_response_id` resolved (connection cache first, then the store), because the
-parent may be the response that ran just before it. A parent that a queued run refers to is
-pinned in the cache until the run starts (4.4).
+parent may be the response that ran just before it. A fork whose parent is still in flight
+on another lane waits at the head of its lane until that run ends. A parent that a queued
+run refers to is pinned in the cache until the run starts (4.4).
 
 A run's states and their legal moves are the table in proxy/core/runs.py; every run ends in
 `_end`, the one path that frees its lane, settles its steers, reports its `Outcome` and
@@ -317,9 +318,14 @@ class Session:
                 and self._queue
                 and self.active_count < self.limits.max_active_per_connection
             ):
+                waiting: set[str | None] = set()  # lanes whose head waits for its parent
                 for run in self._queue:  # the first queued run of an idle lane is its head
-                    if run.req.lane not in self._busy_lanes:
+                    lane = run.req.lane
+                    if lane in self._busy_lanes or lane in waiting:
+                        continue
+                    if not self._awaits_parent(run):
                         break
+                    waiting.add(lane)
                 else:
                     break
                 self._queue.remove(run)
@@ -327,6 +333,19 @@ class Session:
         finally:
             self._scheduling = False
         return out
+
+    def _awaits_parent(self, run: Run) -> bool:
+        """A fork from a response still in flight on another lane waits until that run
+        ends, as a continuation on the parent's own lane waits behind it (PROTOCOL 4.4); it
+        then starts from the cached parent, or gets the `previous_response_not_found` a
+        same-lane continuation would get if the parent failed or was cancelled."""
+        rid = run.req.previous_response_id
+        if not rid or rid in self.cache:
+            return False
+        return any(
+            r.stream is not None and r.stream.response_id == rid and r.state in _IN_FLIGHT
+            for r in self._runs.values()
+        )
 
     def _start(self, run: Run) -> list[Action]:
         req = run.req
@@ -607,6 +626,9 @@ class Session:
             unmoderated=run.moderation or (),  # left only by a warmup: it went nowhere
         )
         self.cache.put(entry)
+        for queued in self._queue:  # a create that waited for this response: pin it too
+            if queued.pinned is None and queued.req.previous_response_id == rid:
+                queued.pinned = rid if self.cache.pin(rid) else None
         if run.req.store and self.store is not None:
             inputs = entry.item_count - len(output)
             self.store.put(StoredResponse(entry, wire.dumps(response), inputs), self.owner)

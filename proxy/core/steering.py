@@ -7,8 +7,9 @@ there, ends the response `incomplete` with reason `steered` (finished items kept
 and starts the successor itself: the queued input, chained with `previous_response_id`,
 with the steered response's settings. If the response instead stops for client-owned tool
 output (it emitted a function call), the steer waits: `response.steer.pending` lists the
-`required_input` stubs, and the queued input is prepended to the client's next create on
-that parent and lane.
+`required_input` stubs, and the queued input goes into the client's next create on that
+parent and lane, after the tool outputs that open it (so the outputs stay next to their
+calls) and before the rest.
 
 This module validates steer events, writes the steer events and keeps the steering state
 (`Steering`, one per session): the steers accepted on each run (`Run.steers`), the steers a
@@ -20,7 +21,7 @@ the upstream's later sequence numbers by one (`Run.seq_offset`, applied by `Run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -97,7 +98,7 @@ class Steering:
         self._waiting: dict[str, list[Steer]] = {}  # response id -> steers awaiting a create
 
     def steer(
-        self, msg: dict[str, Any], run: Run | None, runs: Iterable[Run]
+        self, msg: dict[str, Any], run: Run | None, runs: Collection[Run]
     ) -> tuple[list[Action], bool]:
         """A `response.steer` for `run` (the STREAMING run it names, None if there is none;
         `runs`: every run not yet done). Returns the event to send and whether the steer was
@@ -141,7 +142,7 @@ class Steering:
                 err.message,
                 target=target,
                 raw_input=msg.get("input"),
-                lane=run.req.lane if run is not None else None,
+                lane=self._target_lane(target, run, runs),
                 seq=run.next_seq() if run is not None else 0,
             )
             if run is not None:
@@ -152,6 +153,24 @@ class Steering:
         seq = run.next_seq()
         run.seq_offset += 1
         return [Send(wire.dumps(accepted_event(steer, seq)))], True
+
+    def _target_lane(self, target: Any, run: Run | None, runs: Collection[Run]) -> str | None:
+        """The lane of the steered response, when it is known here (PROTOCOL 3.2: a failed
+        steer carries `stream_id` when its target is known and had a named lane): running,
+        finished and cached, waiting with steers, or ended by a run still in flight."""
+        if run is not None:
+            return run.req.lane
+        if not isinstance(target, str):
+            return None
+        entry = self.cache.peek(target)
+        if entry is not None:
+            return entry.lane
+        if waiting := self._waiting.get(target):
+            return waiting[0].lane
+        for r in runs:
+            if r.stream is not None and r.stream.response_id == target:
+                return r.req.lane
+        return None
 
     def after_end(
         self, run: Run, rid: str, queue: Iterable[Run]
@@ -189,14 +208,20 @@ class Steering:
 
     def apply_waiting(self, run: Run) -> None:
         """The client's explicit create after `response.steer.pending`: the queued steer
-        input goes first, in submission order; the request keeps its own settings."""
+        input goes in, in submission order, right after the tool outputs that open the
+        request's input (the answers to the parent's calls stay next to those calls, as
+        every dialect needs: a Chat upstream gets assistant(tool_calls), tool, then user)
+        and before the rest; the request keeps its own settings. The conversation holds
+        the items in this order, the order they went upstream."""
         rid = run.req.previous_response_id
         steers = self._waiting.get(rid or "")
         if not steers or steers[0].lane != run.req.lane:
             return
         del self._waiting[rid or ""]
         items = tuple(item for steer in steers for item in steer.request.items)
-        run.req = replace(run.req, input_items=items + run.req.input_items)
+        own = run.req.input_items
+        n = _leading_tool_outputs(own)
+        run.req = replace(run.req, input_items=own[:n] + items + own[n:])
         run.applies = steers
 
     def settle(self, run: Run, delivered: bool) -> list[Action]:
@@ -215,14 +240,50 @@ class Steering:
         self._waiting.clear()
 
 
+# The calls a response leaves to the client, as the upstreams wsmode fronts make them
+# (PROTOCOL 3.2 `required_input`): each maps to the type of the item that answers it and
+# the fields of the call its stub names.
+CLIENT_CALLS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "function_call": ("function_call_output", ("call_id", "name")),
+    "custom_tool_call": ("custom_tool_call_output", ("call_id",)),
+}
+# every item that answers a call or an approval request (the stubs PROTOCOL 3.2 lists)
+_ANSWERS = frozenset(
+    {
+        "function_call_output",
+        "custom_tool_call_output",
+        "computer_call_output",
+        "local_shell_call_output",
+        "shell_call_output",
+        "apply_patch_call_output",
+        "tool_search_output",
+        "mcp_approval_response",
+    }
+)
+
+
+def _is_tool_output(kind: str | None) -> bool:
+    """An item that answers a call of the previous response: a tool's output or an
+    approval."""
+    return kind in _ANSWERS
+
+
+def _leading_tool_outputs(items: tuple[bytes, ...]) -> int:
+    """How many items at the start of `items` are tool outputs (only the new input is read)."""
+    n = 0
+    while n < len(items) and _is_tool_output(wire.event_type(items[n])):
+        n += 1
+    return n
+
+
 def at_boundary(run: Run) -> bool:
-    """Between output items, and no function call emitted (then the response must end for
-    the client's tool output, and the steer waits: PROTOCOL 2.2 step 4)."""
+    """Between output items, and no call for the client emitted (then the response must end
+    for the client's tool output, and the steer waits: PROTOCOL 2.2 step 4)."""
     stream = run.stream
     if stream is None or stream.response is None or stream.open_items:
         return False
     return not any(
-        isinstance(i, dict) and i.get("type") == "function_call" for i in stream.finished_items()
+        isinstance(i, dict) and i.get("type") in CLIENT_CALLS for i in stream.finished_items()
     )
 
 
@@ -340,16 +401,11 @@ def failed_event(
 
 def required_input(output: list[Any]) -> list[dict[str, Any]]:
     """The stubs a client must fill before the steer can be applied: one per call that
-    waits for client-owned output (function calls are the only ones a stateless upstream
-    makes)."""
+    waits for client-owned output (`CLIENT_CALLS`; a function call, from most upstreams)."""
     stubs: list[dict[str, Any]] = []
     for item in output:
-        if isinstance(item, dict) and item.get("type") == "function_call":
-            stubs.append(
-                {
-                    "type": "function_call_output",
-                    "call_id": item.get("call_id"),
-                    "name": item.get("name"),
-                }
-            )
+        kind = item.get("type") if isinstance(item, dict) else None
+        if isinstance(kind, str) and kind in CLIENT_CALLS:
+            answer, fields = CLIENT_CALLS[kind]
+            stubs.append({"type": answer, **{f: item.get(f) for f in fields}})
     return stubs

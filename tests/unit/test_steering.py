@@ -147,7 +147,7 @@ def test_steer_after_function_call_waits_for_pending() -> None:
     assert starts(out) == []
     tool_out = {"type": "function_call_output", "call_id": "c1", "output": "x"}
     nxt = body_of(the_start(create(s, stream_id="L", previous_response_id="r1", input=[tool_out])))
-    assert nxt["input"][-2:] == [user("more"), tool_out]
+    assert nxt["input"][-3:] == [CALL, tool_out, user("more")]
 
 
 def test_create_already_queued_skips_pending() -> None:
@@ -164,7 +164,7 @@ def test_create_already_queued_skips_pending() -> None:
         [done(2, 0, CALL), {"type": "response.completed", "sequence_number": 3, "response": final}],
     )
     assert "response.steer.pending" not in [e["type"] for e in sends(out)]
-    assert body_of(the_start(out))["input"][-2:] == [user("more"), tool_out]
+    assert body_of(the_start(out))["input"][-3:] == [CALL, tool_out, user("more")]
 
 
 def test_successor_failure_returns_the_steer_input() -> None:
