@@ -22,7 +22,7 @@ every turn's path) and the bounds are enforced here.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +117,9 @@ class ResponseCache:
         self._order: Any = LRU(_UNBOUNDED)  # unpinned ids, most recent first
         self._pins: dict[str, int] = {}
         self._seg_refs: dict[Segment, int] = {}
+        # called with the id of every entry that leaves (evicted, replaced or cleared), so an
+        # owner that keeps more per entry (the store) forgets it in O(1)
+        self.on_evict: Callable[[str], None] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -205,6 +208,8 @@ class ResponseCache:
         self.nbytes -= freed
         self.budget.nbytes -= freed
         self.budget.entries -= 1
+        if self.on_evict is not None:
+            self.on_evict(rid)
         return True
 
     def pin(self, rid: str) -> bool:
