@@ -40,7 +40,9 @@ class Core:
     context: ContextManager | None  # compaction and context windows; None when switched off
 
     def session(self, owner: str, max_entries: int | None = None) -> Session:
-        """A session for one connection (or one HTTP request: `max_entries=1`)."""
+        """A session for one connection, or for one HTTP request with `max_entries=0`: a
+        request's state is gone when its response ends (a stored response lives in the
+        store), so it never takes a place in the process-wide cache."""
         c = self.settings.cache
         cache = ResponseCache(
             self.cache_budget,

@@ -16,6 +16,7 @@ from tests.helpers import (
     Proxy,
     Sim,
     create,
+    post_responses,
     recv,
     sample,
     scrape,
@@ -147,3 +148,35 @@ async def test_http_front_limits_apply_too(sim: Sim, proxy_factory: ProxyFactory
         http.post(f"{proxy.http}/responses", json={"model": "sim", "input": "x" * 4096}) as r,
     ):
         assert r.status == 413
+
+
+async def test_http_posts_leave_the_connection_caches_alone(
+    sim: Sim, proxy_factory: ProxyFactory
+) -> None:
+    # an HTTP request's state is gone when its response ends: nothing enters the process-wide
+    # cache, so HTTP traffic can never evict a live WebSocket conversation
+    proxy = await proxy_factory(sim.url, cache__process_max_entries=5)
+    async with connect(proxy.ws) as ws:
+        await send(ws, create(input="remember me", store=False))
+        first = (await until_terminal(ws))[-1]
+        assert first["type"] == "response.completed"
+        before = sample(await scrape(proxy), "wsmode_cache_entries")
+        assert before == 1
+        stored: list[str] = []
+        for i in range(12):
+            body = {"model": "sim", "input": f"http {i} " + "x" * 10_000, "store": i % 2 == 1}
+            status, answer = await post_responses(proxy, body)
+            assert status == 200 and answer["status"] == "completed"
+            if body["store"]:
+                stored.append(answer["id"])
+        m = await scrape(proxy)
+        assert sample(m, "wsmode_cache_entries") == before
+        assert sample(m, "wsmode_cache_evictions_total", scope="process") == 0
+        # the live conversation continues from its cached parent
+        await send(ws, create(input="next", previous_response_id=first["response"]["id"]))
+        assert (await until_terminal(ws))[-1]["type"] == "response.completed"
+    # the stored ones (store: true) live in the store and continue over HTTP
+    for rid in (stored[0], stored[-1]):
+        body = {"model": "sim", "input": "more", "previous_response_id": rid}
+        status, answer = await post_responses(proxy, body)
+        assert status == 200 and answer["status"] == "completed"
