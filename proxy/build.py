@@ -21,6 +21,7 @@ from .core.dialects.auto import AutoDialect
 from .core.dialects.chat import ChatDialect
 from .core.dialects.responses import ResponsesDialect
 from .core.ids import new_id
+from .core.memory import MemoryBudget
 from .core.policy import SessionLimits, UpstreamPolicy
 from .core.session import Session
 from .core.store import MemoryStore, ResponseStore
@@ -37,6 +38,7 @@ class Core:
     limits: SessionLimits
     cache_budget: CacheBudget
     store: ResponseStore | None
+    memory: MemoryBudget  # the process budget over caches, store, queued creates, outbound
     context: ContextManager | None  # compaction and context windows; None when switched off
 
     def session(self, owner: str, max_entries: int | None = None) -> Session:
@@ -58,11 +60,15 @@ class Core:
             store=self.store,
             owner=owner,
             context=self.context,
+            memory=self.memory,
         )
 
 
 def build_core(settings: Settings) -> Core:
     st, c = settings.store, settings.cache
+    memory = MemoryBudget(settings.limits.process_max_bytes)
+    cache_budget = CacheBudget(c.process_max_entries, c.process_max_bytes, memory)
+    memory.add_part("cache", cache_budget)
     return Core(
         settings=settings,
         policy=UpstreamPolicy(
@@ -71,12 +77,13 @@ def build_core(settings: Settings) -> Core:
             native_previous_response_id=settings.upstream.native_previous_response_id,
         ),
         limits=settings.limits,
-        cache_budget=CacheBudget(c.process_max_entries, c.process_max_bytes),
+        cache_budget=cache_budget,
         store=(
-            MemoryStore(st.max_entries, st.max_bytes, st.ttl_seconds, time.time)
+            MemoryStore(st.max_entries, st.max_bytes, st.ttl_seconds, time.time, memory)
             if st.enabled
             else None
         ),
+        memory=memory,
         context=build_context(settings),
     )
 

@@ -69,6 +69,7 @@ from .errors import (
     UpstreamError,
     previous_response_not_found,
 )
+from .memory import MemoryBudget
 from .policy import SessionLimits, UpstreamPolicy
 from .request import check_stream_id, parse_create
 from .runs import Run, RunState, cancel_target, streaming
@@ -91,6 +92,7 @@ class Session:
     store: ResponseStore | None = None  # responses that outlive the socket (store != false)
     owner: str = "anonymous"  # the credential scope for `store` and compaction items
     context: ContextManager | None = None  # compaction, truncation, token counts
+    memory: MemoryBudget | None = None  # the process budget that queued creates count against
 
     def __post_init__(self) -> None:
         self._ids = itertools.count(1)
@@ -99,6 +101,8 @@ class Session:
         self._busy_lanes: set[str | None] = set()
         self._lanes: set[str] = set()  # named lanes ever used on this connection
         self._scheduling = False  # `_schedule` is running (a start can end a run)
+        self._waiting_bytes: dict[int, int] = {}  # run id -> bytes of its create, while queued
+        self.queued_bytes = 0
         self.steering = Steering(
             self.cache,
             enabled=self.limits.steering,
@@ -124,7 +128,7 @@ class Session:
             )
         kind = msg.get("type")
         if kind == "response.create":
-            return self.create(msg)
+            return self.create(msg, len(data))
         if kind == "response.steer":
             return self._steer(msg)
         if kind == "response.cancel":
@@ -242,8 +246,10 @@ class Session:
 
     # ------------------------------------------------------------ creates
 
-    def create(self, msg: dict[str, Any]) -> list[Action]:
-        """A `response.create` already parsed (the HTTP front hands its body in directly)."""
+    def create(self, msg: dict[str, Any], nbytes: int = 0) -> list[Action]:
+        """A `response.create` already parsed (the HTTP front hands its body in directly);
+        `nbytes`, the size of its message, counts against the queued-bytes bounds while it
+        waits."""
         if self.draining:
             return self._reject(ServerDraining())
         lane: str | None = None
@@ -268,6 +274,7 @@ class Session:
                     status=429,
                     type="rate_limit_error",
                 )
+            self._check_queued_bytes(nbytes)
         except ClientError as err:
             # an invalid stream_id is never echoed (PROTOCOL 5.1); a valid one always is
             echo = lane if err.code != "invalid_stream_id" else None
@@ -279,7 +286,39 @@ class Session:
             run.pinned = req.previous_response_id
         self._runs[run.id] = run
         self._queue.append(run)
+        self._charge(run, nbytes)
         return [RunCreated(run.id), *self._schedule()]
+
+    def _check_queued_bytes(self, nbytes: int) -> None:
+        """429 `too_many_queued_requests` when a create of `nbytes` would take this
+        connection's queued bytes, or the process budget, past its bound."""
+        cap = self.limits.max_queued_bytes_per_connection
+        if self.queued_bytes + nbytes > cap:
+            text = f"this connection's queued requests would exceed {cap} bytes"
+        elif self.memory is not None and not self.memory.can_queue(nbytes):
+            self.memory.refused += 1
+            text = "the server's memory budget for waiting requests is used up"
+        else:
+            return
+        raise ClientError(
+            f"Too many queued requests: {text}; wait for responses to finish.",
+            code="too_many_queued_requests",
+            status=429,
+            type="rate_limit_error",
+        )
+
+    def _charge(self, run: Run, nbytes: int) -> None:
+        self._waiting_bytes[run.id] = nbytes
+        self.queued_bytes += nbytes
+        if self.memory is not None:
+            self.memory.queued += nbytes
+
+    def _discharge(self, run: Run) -> None:
+        """The run left the queue (it starts, or ends): its create's bytes no longer wait."""
+        nbytes = self._waiting_bytes.pop(run.id, 0)
+        self.queued_bytes -= nbytes
+        if self.memory is not None:
+            self.memory.queued -= nbytes
 
     def _spawn(self, run: Run) -> list[Action]:
         """Queue a steer's automatic successor first in its lane (PROTOCOL 2.2)."""
@@ -316,6 +355,7 @@ class Session:
         return out
 
     def _start(self, run: Run) -> list[Action]:
+        self._discharge(run)
         req = run.req
         if run.pinned is not None:
             self.cache.unpin(run.pinned)
@@ -513,6 +553,7 @@ class Session:
         client is gone) skips everything that speaks to the client."""
         run.move(RunState.DONE)
         del self._runs[run.id]
+        self._discharge(run)
         # a run that never started ends inside `_schedule`, whose lane was idle: no-op then
         self._busy_lanes.discard(run.req.lane)
         if silent:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .conversation import CacheBudget, CachedResponse, ResponseCache
+from .memory import MemoryBudget
 
 
 def owner_of(authorization: str | None) -> str:
@@ -56,8 +57,12 @@ class MemoryStore:
         max_bytes: int,
         ttl_seconds: float,
         clock: Callable[[], float],
+        memory: MemoryBudget | None = None,  # the process budget; the store is its "store" part
     ) -> None:
-        self._cache = ResponseCache(CacheBudget(max_entries, max_bytes), max_entries, max_bytes)
+        budget = CacheBudget(max_entries, max_bytes, memory)
+        if memory is not None:
+            memory.add_part("store", budget)
+        self._cache = ResponseCache(budget, max_entries, max_bytes)
         self._meta: dict[str, StoredResponse] = {}
         self._expiry: OrderedDict[str, float] = OrderedDict()  # insertion order = expiry order
         self._ttl = ttl_seconds
