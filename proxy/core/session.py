@@ -10,7 +10,9 @@ protocol decision of its own. The HTTP front runs one create through a session o
 
 A `response.create` is validated on arrival (PROTOCOL 2.1) and becomes a `Run` queued on its
 lane (`RunCreated` tells the adapter). Lanes are FIFO and never overlap; different lanes run
-concurrently up to `max_active` runs per connection, further creates wait (4.3). A run
+concurrently up to `max_active` runs per connection, further creates wait (4.3); the bytes of
+the waiting creates count against the connection's bound and the process `MemoryBudget`
+(proxy/core/memory.py), and a create past either gets `too_many_queued_requests`. A run
 starts when it reaches the head of its lane and a slot is free; only then is
 `previous_response_id` resolved (connection cache first, then the store), because the
 parent may be the response that ran just before it. A parent that a queued run refers to is

@@ -208,7 +208,11 @@ async def _release_the_lane(ws: ClientConnection, rid: str) -> None:
 async def test_queued_bytes_per_connection_are_bounded(
     sim: Sim, proxy_factory: ProxyFactory
 ) -> None:
-    proxy = await proxy_factory(sim.url, limits__max_queued_bytes_per_connection=3 * _BIG + 10)
+    proxy = await proxy_factory(
+        sim.url,
+        server__max_message_bytes=_BIG + 100,
+        limits__max_queued_bytes_per_connection=3 * _BIG + 10,
+    )
     async with connect(proxy.ws) as other, connect(proxy.ws) as ws:
         await send(other, create(input="another conversation"))
         parent = (await until_terminal(other))[-1]
@@ -238,7 +242,9 @@ async def test_queued_bytes_count_against_the_process_memory_budget(
     sim: Sim, proxy_factory: ProxyFactory
 ) -> None:
     budget = 4 * _BIG + _BIG // 2
-    proxy = await proxy_factory(sim.url, limits__process_max_bytes=budget)
+    proxy = await proxy_factory(
+        sim.url, server__max_message_bytes=_BIG + 100, limits__process_max_bytes=budget
+    )
     async with connect(proxy.ws) as a, connect(proxy.ws) as b:
         held_a, held_b = await _hold_the_lane(a), await _hold_the_lane(b)
         for i in range(1, 4):
@@ -267,7 +273,9 @@ async def test_metrics_show_the_memory_budget_and_its_parts(
     sim: Sim, proxy_factory: ProxyFactory
 ) -> None:
     budget = 300_000
-    proxy = await proxy_factory(sim.url, limits__process_max_bytes=budget)
+    proxy = await proxy_factory(
+        sim.url, server__max_message_bytes=100_000, limits__process_max_bytes=budget
+    )
     async with connect(proxy.ws) as ws:
         last = None
         for i in range(10):  # 40 KB each, stored (the default): cached and in the store
