@@ -61,7 +61,7 @@ def test_smallest_bench_run_writes_a_complete_report(tmp_path: Path) -> None:
 
     results = {t["result"] for t in report["targets"]}
     assert results <= {"PASS", "FAIL", "NOT RUN"}
-    assert len(report["targets"]) == 14
+    assert len(report["targets"]) == 15  # the store row (issue 11) made 15
     assert "targets" in proc.stdout and "method" in proc.stdout
 
 
