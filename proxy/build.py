@@ -22,6 +22,7 @@ from .core.dialects.chat import ChatDialect
 from .core.dialects.responses import ResponsesDialect
 from .core.guards import DenyPatterns, Guard, Guards, MaxNewInputBytes
 from .core.ids import new_id
+from .core.memory import MemoryBudget
 from .core.policy import SessionLimits, UpstreamPolicy
 from .core.session import Session
 from .core.store import MemoryStore, ResponseStore
@@ -38,11 +39,14 @@ class Core:
     limits: SessionLimits
     cache_budget: CacheBudget
     store: ResponseStore | None
+    memory: MemoryBudget  # the process budget over caches, store, queued creates, outbound
     context: ContextManager | None  # compaction and context windows; None when switched off
     guards: Guards | None = None  # checks of each turn's new input ([guards])
 
     def session(self, owner: str, max_entries: int | None = None) -> Session:
-        """A session for one connection (or one HTTP request: `max_entries=1`)."""
+        """A session for one connection, or for one HTTP request with `max_entries=0`: a
+        request's state is gone when its response ends (a stored response lives in the
+        store), so it never takes a place in the process-wide cache."""
         c = self.settings.cache
         cache = ResponseCache(
             self.cache_budget,
@@ -59,11 +63,15 @@ class Core:
             owner=owner,
             context=self.context,
             guards=self.guards,
+            memory=self.memory,
         )
 
 
 def build_core(settings: Settings) -> Core:
     st, c = settings.store, settings.cache
+    memory = MemoryBudget(settings.limits.process_max_bytes)
+    cache_budget = CacheBudget(c.process_max_entries, c.process_max_bytes, memory)
+    memory.add_part("cache", cache_budget)
     return Core(
         settings=settings,
         policy=UpstreamPolicy(
@@ -72,12 +80,13 @@ def build_core(settings: Settings) -> Core:
             native_previous_response_id=settings.upstream.native_previous_response_id,
         ),
         limits=settings.limits,
-        cache_budget=CacheBudget(c.process_max_entries, c.process_max_bytes),
+        cache_budget=cache_budget,
         store=(
-            MemoryStore(st.max_entries, st.max_bytes, st.ttl_seconds, time.time)
+            MemoryStore(st.max_entries, st.max_bytes, st.ttl_seconds, time.time, memory)
             if st.enabled
             else None
         ),
+        memory=memory,
         context=build_context(settings),
         guards=build_guards(settings),
     )

@@ -300,6 +300,9 @@ def _validate(s: Settings) -> None:
         raise ConfigError("server.workers must be at least 1")
     if s.server.outbound_buffer_bytes < 1024:
         raise ConfigError("server.outbound_buffer_bytes must be at least 1024")
+    for key in ("max_queued_bytes_per_connection", "process_max_bytes"):
+        if getattr(s.limits, key) < s.server.max_message_bytes:  # one create must always fit
+            raise ConfigError(f"limits.{key} must be at least server.max_message_bytes")
     for section in (s.server, s.upstream, s.cache, s.store, s.limits, s.usage, s.sidecar):
         for f in dataclasses.fields(section):
             value = getattr(section, f.name)

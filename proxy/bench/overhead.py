@@ -23,11 +23,12 @@ import aiohttp
 import orjson
 
 from ..core.actions import StartUpstream
-from ..core.conversation import CacheBudget, ResponseCache
+from ..core.conversation import CacheBudget, CachedResponse, ResponseCache, Segment
 from ..core.dialects.responses import ResponsesDialect
 from ..core.policy import UpstreamPolicy
 from ..core.session import Session
 from ..core.sse import SSEEvent
+from ..core.store import MemoryStore, StoredResponse
 from ..upstream.client import request_body
 from .clients import http_turn, ws_connect, ws_turn
 from .procs import Servers, sim_env, start_proxy, start_sim
@@ -113,8 +114,40 @@ async def _size(
     return out
 
 
+STORE_PUTS = 2000  # timed puts per store size, each evicting one entry
+
+
+def store_puts(sizes: tuple[int, int], log: Callable[[str], None]) -> dict[str, Any]:
+    """Mean CPU of one put into a full response store (`MemoryStore`) of `sizes[0]` and of
+    `sizes[1]` entries, and their ratio: about 1 when a put costs the same at any size."""
+    item = orjson.dumps({"type": "message", "role": "user", "content": "x" * 200})
+    rows = []
+    for size in sizes:
+        store = MemoryStore(size, 2**40, 86_400.0, time.monotonic)
+        entries = [
+            StoredResponse(CachedResponse(f"resp_{i}", None, (Segment((item,)),)), b"{}", 1)
+            for i in range(size + WARMUP + STORE_PUTS)
+        ]
+        for stored in entries[: size + WARMUP]:  # full, and warm
+            store.put(stored, "bench")
+        t0 = time.process_time()
+        for stored in entries[size + WARMUP :]:
+            store.put(stored, "bench")
+        per_put = (time.process_time() - t0) / STORE_PUTS
+        rows.append({"entries": size, "put_us": round(per_put * 1e6, 3)})
+    ratio = rows[1]["put_us"] / rows[0]["put_us"] if rows[0]["put_us"] > 0 else float("nan")
+    log(
+        f"  store put when full: {rows[0]['put_us']:.2f} us at {sizes[0]:,} entries, "
+        f"{rows[1]['put_us']:.2f} us at {sizes[1]:,} ({ratio:.2f}x)"
+    )
+    return {"sizes": rows, "ratio": round(ratio, 3)}
+
+
 async def run(
-    sizes: list[int], samples: dict[int, int], log: Callable[[str], None]
+    sizes: list[int],
+    samples: dict[int, int],
+    log: Callable[[str], None],
+    store_sizes: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     servers = Servers()
     try:
@@ -143,7 +176,8 @@ async def run(
                     f"p99 +{r['ttfe_p99_added_ms']:.3f} ms"
                 )
                 results.append(r)
-        return {"sizes": results, "build": build_body(sizes, samples=200)}
+        store = store_puts(store_sizes, log) if store_sizes else None
+        return {"sizes": results, "build": build_body(sizes, samples=200), "store": store}
     finally:
         servers.stop_all()
 

@@ -70,6 +70,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     build = _closest(over.get("build", []), 4096 * KIB)
     small = min(over.get("build", []), key=lambda r: r["history_bytes"], default=None)
     growth = build["p50_ms"] - small["p50_ms"] if build and small else nan
+    store = over.get("store") or {}
+    store_ratio = (
+        store.get("ratio", nan) if store.get("sizes", [{}])[-1].get("entries") == 100_000 else nan
+    )
     relay = results.get("relay", {})
     fast = {r["connections"]: r for r in relay.get("fast", [])}
     one, many = fast.get(1), fast.get(1000)
@@ -94,6 +98,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
          build["p50_ms"] if build else nan, _at_most(0.2), "ms"),
         ("building the upstream body: 4 MB minus the smallest history (p50)",
          "<= 0.05 ms (grows only with new items)", growth, _at_most(0.05), "ms"),
+        ("response store: put when full, 100,000 vs 1,000 entries (cost ratio)", "<= 3x",
+         store_ratio, _at_most(3.0), "x"),
         ("relay, fast upstream, 1 connection", ">= 100,000 events/s",
          one["events_per_s"] if one else nan, _at_least(100_000), "events/s"),
         ("relay, fast upstream, 1000 connections", ">= 140,000 events/s",
@@ -153,6 +159,14 @@ def table(results: dict[str, Any]) -> str:
             lines.append(
                 f"  {b['history_bytes'] / KIB:>6.0f}KiB p50 {b['p50_ms']:.3f} ms,"
                 f" p99 {b['p99_ms']:.3f} ms"
+            )
+        store = over.get("store")
+        if store:
+            small, full = store["sizes"]
+            lines.append(
+                f"  response store, put when full (CPU): {small['put_us']:.2f} us at"
+                f" {small['entries']:,} entries, {full['put_us']:.2f} us at {full['entries']:,}"
+                f" ({store['ratio']:.2f}x)"
             )
     relay = results.get("relay")
     if relay:

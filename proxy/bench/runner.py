@@ -37,6 +37,7 @@ class Plan:
     relay: RelayPlan = field(default_factory=RelayPlan)
     scale: tuple[int, ...] = (1000, 5000)
     conversation_bytes: int = 100 * KIB
+    store_sizes: tuple[int, int] = (1_000, 100_000)  # a small and a full response store
 
     def cells(self) -> list[Cell]:
         out = [Cell(*self.main, self.main_reps)]
@@ -78,6 +79,7 @@ SMOKE = Plan(  # the end-to-end test: every scenario, as small as it gets
     ),
     scale=(20,),
     conversation_bytes=10 * KIB,
+    store_sizes=(100, 2_000),
 )
 PLANS = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 
@@ -179,7 +181,7 @@ async def run(
             link_method = results[name]["link"]
         elif name == "overhead":
             samples = dict(zip(plan.sizes, plan.samples, strict=True))
-            results[name] = await overhead.run(list(plan.sizes), samples, log)
+            results[name] = await overhead.run(list(plan.sizes), samples, log, plan.store_sizes)
         elif name == "relay":
             results[name] = await relay.run(replace(plan.relay, loop=relay_loop), log)
         elif name == "scale":

@@ -30,7 +30,7 @@ existed), and a conversation that took in a compaction item the proxy cannot ope
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from immutables import Map
 from lru import LRU
 
 from . import wire
+from .memory import MemoryBudget
 
 _UNBOUNDED = 2**31 - 1  # lru-dict needs a size; we evict by our own budgets, never by this
 
@@ -159,11 +160,15 @@ EMPTY = CachedResponse("", None, ())
 
 
 class CacheBudget:
-    """Process-wide entry and byte bounds across every connection's cache, with one LRU order."""
+    """Process-wide entry and byte bounds across every connection's cache, with one LRU order;
+    with a `MemoryBudget`, also the room the process budget leaves (proxy/core/memory.py)."""
 
-    def __init__(self, max_entries: int, max_bytes: int) -> None:
+    def __init__(
+        self, max_entries: int, max_bytes: int, memory: MemoryBudget | None = None
+    ) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+        self.memory = memory
         self.entries = 0
         self.nbytes = 0
         self.evictions = 0
@@ -175,10 +180,19 @@ class CacheBudget:
     def _forget(self, owner: ResponseCache, rid: str) -> None:
         self._order.pop((owner.serial, rid), None)
 
+    def over(self) -> bool:
+        if self.nbytes > self.max_bytes or self.entries > self.max_entries:
+            return True
+        return self.memory is not None and self.memory.over()
+
+    def could_hold(self, nbytes: int) -> bool:
+        """Whether an entry of `nbytes` could fit at all, with everything else evicted."""
+        if nbytes > self.max_bytes:
+            return False
+        return self.memory is None or nbytes <= self.memory.room_beside(self)
+
     def enforce(self) -> None:
-        while (self.nbytes > self.max_bytes or self.entries > self.max_entries) and len(
-            self._order
-        ):
+        while self.over() and len(self._order):
             (_, rid), owner = self._order.peek_last_item()
             owner.evict(rid)
             self.evictions += 1
@@ -202,6 +216,9 @@ class ResponseCache:
         self._order: Any = LRU(_UNBOUNDED)  # unpinned ids, most recent first
         self._pins: dict[str, int] = {}
         self._seg_refs: dict[Segment, int] = {}
+        # called with the id of every entry that leaves (evicted, replaced or cleared), so an
+        # owner that keeps more per entry (the store) forgets it in O(1)
+        self.on_evict: Callable[[str], None] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -230,8 +247,10 @@ class ResponseCache:
     def put(self, entry: CachedResponse) -> bool:
         """Cache `entry` as the most recently used. False, with nothing changed, if it cannot
         fit alone or beside this connection's pinned entries."""
-        if entry.nbytes > min(self.max_bytes, self.budget.max_bytes) or (
-            min(self.max_entries, self.budget.max_entries) < 1
+        if (
+            entry.nbytes > self.max_bytes
+            or not self.budget.could_hold(entry.nbytes)
+            or min(self.max_entries, self.budget.max_entries) < 1
         ):
             return False  # it could never fit: refuse before evicting anything for it
         if self._pins and not self._fits_beside_pins(entry):
@@ -290,6 +309,8 @@ class ResponseCache:
         self.nbytes -= freed
         self.budget.nbytes -= freed
         self.budget.entries -= 1
+        if self.on_evict is not None:
+            self.on_evict(rid)
         return True
 
     def pin(self, rid: str) -> bool:

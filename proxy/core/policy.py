@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from .dialects import Dialect
 
+MiB = 1024 * 1024
+
 
 @dataclass(frozen=True, slots=True)
 class SessionLimits:
@@ -21,6 +23,11 @@ class SessionLimits:
     max_queued_per_connection: int = 256  # creates waiting
     steering: bool = True  # emulate response.steer (PROTOCOL 2.2)
     max_pending_steers: int = 8  # steers queued on one response (too_many_pending_steers)
+    # bytes of the creates waiting on one connection (too_many_queued_requests beyond it)
+    max_queued_bytes_per_connection: int = 64 * MiB
+    # the process-wide memory budget (proxy/core/memory.py): connection caches, response
+    # store, queued creates and outbound buffers together; each keeps its own bound inside it
+    process_max_bytes: int = 6144 * MiB
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,9 @@ protocol decision of its own. The HTTP front runs one create through a session o
 
 A `response.create` is validated on arrival (PROTOCOL 2.1) and becomes a `Run` queued on its
 lane (`RunCreated` tells the adapter). Lanes are FIFO and never overlap; different lanes run
-concurrently up to `max_active` runs per connection, further creates wait (4.3). A run
+concurrently up to `max_active` runs per connection, further creates wait (4.3); the bytes of
+the waiting creates count against the connection's bound and the process `MemoryBudget`
+(proxy/core/memory.py), and a create past either gets `too_many_queued_requests`. A run
 starts when it reaches the head of its lane and a slot is free; only then is
 `previous_response_id` resolved (connection cache first, then the store), because the
 parent may be the response that ran just before it. A fork whose parent is still in flight
@@ -82,6 +84,7 @@ from .errors import (
     previous_response_not_found,
 )
 from .guards import Guards
+from .memory import MemoryBudget
 from .policy import SessionLimits, UpstreamPolicy
 from .request import check_stream_id, parse_create
 from .runs import Run, RunState, cancel_target, streaming
@@ -105,6 +108,7 @@ class Session:
     owner: str = "anonymous"  # the credential scope for `store` and compaction items
     context: ContextManager | None = None  # compaction, truncation, token counts
     guards: Guards | None = None  # checks of each turn's new input (core/guards.py)
+    memory: MemoryBudget | None = None  # the process budget that queued creates count against
 
     def __post_init__(self) -> None:
         self._ids = itertools.count(1)
@@ -113,6 +117,8 @@ class Session:
         self._busy_lanes: set[str | None] = set()
         self._lanes: set[str] = set()  # named lanes ever used on this connection
         self._scheduling = False  # `_schedule` is running (a start can end a run)
+        self._waiting_bytes: dict[int, int] = {}  # run id -> bytes of its create, while queued
+        self.queued_bytes = 0
         self.steering = Steering(
             self.cache,
             enabled=self.limits.steering,
@@ -138,7 +144,7 @@ class Session:
             )
         kind = msg.get("type")
         if kind == "response.create":
-            return self.create(msg)
+            return self.create(msg, len(data))
         if kind == "response.steer":
             return self._steer(msg)
         if kind == "response.cancel":
@@ -256,8 +262,10 @@ class Session:
 
     # ------------------------------------------------------------ creates
 
-    def create(self, msg: dict[str, Any]) -> list[Action]:
-        """A `response.create` already parsed (the HTTP front hands its body in directly)."""
+    def create(self, msg: dict[str, Any], nbytes: int = 0) -> list[Action]:
+        """A `response.create` already parsed (the HTTP front hands its body in directly);
+        `nbytes`, the size of its message, counts against the queued-bytes bounds while it
+        waits."""
         if self.draining:
             return self._reject(ServerDraining())
         lane: str | None = None
@@ -282,6 +290,7 @@ class Session:
                     status=429,
                     type="rate_limit_error",
                 )
+            self._check_queued_bytes(nbytes)
         except ClientError as err:
             # an invalid stream_id is never echoed (PROTOCOL 5.1); a valid one always is
             echo = lane if err.code != "invalid_stream_id" else None
@@ -293,7 +302,39 @@ class Session:
             run.pinned = req.previous_response_id
         self._runs[run.id] = run
         self._queue.append(run)
+        self._charge(run, nbytes)
         return [RunCreated(run.id), *self._schedule()]
+
+    def _check_queued_bytes(self, nbytes: int) -> None:
+        """429 `too_many_queued_requests` when a create of `nbytes` would take this
+        connection's queued bytes, or the process budget, past its bound."""
+        cap = self.limits.max_queued_bytes_per_connection
+        if self.queued_bytes + nbytes > cap:
+            text = f"this connection's queued requests would exceed {cap} bytes"
+        elif self.memory is not None and not self.memory.can_queue(nbytes):
+            self.memory.refused += 1
+            text = "the server's memory budget for waiting requests is used up"
+        else:
+            return
+        raise ClientError(
+            f"Too many queued requests: {text}; wait for responses to finish.",
+            code="too_many_queued_requests",
+            status=429,
+            type="rate_limit_error",
+        )
+
+    def _charge(self, run: Run, nbytes: int) -> None:
+        self._waiting_bytes[run.id] = nbytes
+        self.queued_bytes += nbytes
+        if self.memory is not None:
+            self.memory.queued += nbytes
+
+    def _discharge(self, run: Run) -> None:
+        """The run left the queue (it starts, or ends): its create's bytes no longer wait."""
+        nbytes = self._waiting_bytes.pop(run.id, 0)
+        self.queued_bytes -= nbytes
+        if self.memory is not None:
+            self.memory.queued -= nbytes
 
     def _spawn(self, run: Run) -> list[Action]:
         """Queue a steer's automatic successor first in its lane (PROTOCOL 2.2)."""
@@ -348,6 +389,7 @@ class Session:
         )
 
     def _start(self, run: Run) -> list[Action]:
+        self._discharge(run)
         req = run.req
         if run.pinned is not None:
             self.cache.unpin(run.pinned)
@@ -587,6 +629,7 @@ class Session:
         client is gone) skips everything that speaks to the client."""
         run.move(RunState.DONE)
         del self._runs[run.id]
+        self._discharge(run)
         # a run that never started ends inside `_schedule`, whose lane was idle: no-op then
         self._busy_lanes.discard(run.req.lane)
         if silent:

@@ -9,6 +9,8 @@ Entries are scoped to the credential that created them (a hash of its Authorizat
 header): another credential gets `previous_response_not_found`, exactly as if the id did
 not exist. The store is bounded in entries and bytes (least recently used first, with the
 same shared-segment accounting as the connection cache) and entries expire after a TTL.
+A put and an expiry cost O(1) amortised at any size: the cache tells the store each key it
+lets go (`on_evict`), so nothing is ever scanned.
 
 `ResponseStore` is the interface a shared backend (Redis, a database) can implement later;
 `MemoryStore` is the in-process one.
@@ -23,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from .conversation import CacheBudget, CachedResponse, ResponseCache
+from .memory import MemoryBudget
 
 
 def owner_of(authorization: str | None) -> str:
@@ -54,12 +57,17 @@ class MemoryStore:
         max_bytes: int,
         ttl_seconds: float,
         clock: Callable[[], float],
+        memory: MemoryBudget | None = None,  # the process budget; the store is its "store" part
     ) -> None:
-        self._cache = ResponseCache(CacheBudget(max_entries, max_bytes), max_entries, max_bytes)
+        budget = CacheBudget(max_entries, max_bytes, memory)
+        if memory is not None:
+            memory.add_part("store", budget)
+        self._cache = ResponseCache(budget, max_entries, max_bytes)
         self._meta: dict[str, StoredResponse] = {}
         self._expiry: OrderedDict[str, float] = OrderedDict()  # insertion order = expiry order
         self._ttl = ttl_seconds
         self._clock = clock
+        self._cache.on_evict = self._forget
 
     @staticmethod
     def _key(rid: str, owner: str) -> str:
@@ -91,8 +99,7 @@ class MemoryStore:
             return False
         self._meta[key] = stored
         self._expiry[key] = self._clock() + self._ttl
-        self._forget_evicted()
-        return key in self._meta
+        return True
 
     def delete(self, rid: str, owner: str) -> bool:
         key = self._key(rid, owner)
@@ -110,8 +117,7 @@ class MemoryStore:
             self._meta.pop(key, None)
             self._cache.evict(key)
 
-    def _forget_evicted(self) -> None:
-        if len(self._meta) > len(self._cache):
-            for key in [k for k in self._meta if k not in self._cache]:
-                del self._meta[key]
-                self._expiry.pop(key, None)
+    def _forget(self, key: str) -> None:
+        """The cache let `key` go (a bound, expiry, a delete): drop what is kept beside it."""
+        self._meta.pop(key, None)
+        self._expiry.pop(key, None)

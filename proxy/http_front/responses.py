@@ -52,7 +52,7 @@ class HttpExchange:
     def __init__(self, state: AppState, request: web.Request, stream: bool) -> None:
         self.state = state
         self.request = request
-        self.session = state.core.session(owner_of(request.headers.get("Authorization")), 1)
+        self.session = state.core.session(owner_of(request.headers.get("Authorization")), 0)
         label = f"http {request.remote}"  # who the log lines are about
         self.sse: web.StreamResponse | None = None
         self.pending: list[StartUpstream | Summarise] = []

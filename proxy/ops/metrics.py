@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from ..core.conversation import CacheBudget
+    from ..core.memory import MemoryBudget
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -203,3 +204,28 @@ def cache_families(
     ev.add_metric(["connection"], evictions)
     ev.add_metric(["process"], budget.evictions)
     yield ev
+
+
+def memory_families(memory: MemoryBudget) -> Iterable[Metric]:
+    """The process memory budget, the bytes each of its parts holds, and its refusals."""
+    limit = GaugeMetricFamily(
+        "wsmode_memory_budget_bytes",
+        "The process memory budget (limits.process_max_bytes) shared by the parts below.",
+    )
+    limit.add_metric([], memory.max_bytes)
+    yield limit
+    parts = GaugeMetricFamily(
+        "wsmode_memory_bytes",
+        "Bytes held against the memory budget, by part: cache (connection caches), store "
+        "(response store), queued (creates waiting), outbound (written, not yet sent).",
+        labels=["part"],
+    )
+    for name, nbytes in memory.parts().items():
+        parts.add_metric([name], nbytes)
+    yield parts
+    refused = CounterMetricFamily(
+        "wsmode_memory_refusals",
+        "Creates refused (too_many_queued_requests) because the memory budget was reached.",
+    )
+    refused.add_metric([], memory.refused)
+    yield refused

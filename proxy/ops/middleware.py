@@ -32,7 +32,7 @@ from ..core.conversation import CacheBudget, ResponseCache
 from ..core.ids import new_id
 from ..logs import request_id_var
 from .auth import Authenticator
-from .metrics import CONTENT_TYPE, Metrics, cache_families, close_class
+from .metrics import CONTENT_TYPE, Metrics, cache_families, close_class, memory_families
 from .usage import UsageSink
 
 log = logging.getLogger("wsmode.ops")
@@ -231,6 +231,8 @@ def _state_families(ops: Ops, budget: CacheBudget, gate: Any) -> Iterable[Metric
     )
     queued.add_metric([], sum(c.queued_creates() for c in list(ops.connections)))
     yield queued
+    if budget.memory is not None:
+        yield from memory_families(budget.memory)
     inflight = GaugeMetricFamily(
         "wsmode_upstream_requests", "Upstream requests now.", labels=["state"]
     )

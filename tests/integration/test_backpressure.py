@@ -137,3 +137,29 @@ async def test_http_sse_client_that_stops_reading(
     assert sim.state.cancelled == 1 and sim.state.completed == 0
     assert sample(m, "wsmode_upstream_bytes_received_total") < 0.2 * TOKENS * 150
     writer.close()
+
+
+async def test_outbound_bytes_count_against_the_memory_budget(
+    sim_factory: Callable[..., Awaitable[Sim]], proxy_factory: ProxyFactory
+) -> None:
+    # what waits in our write buffer for a client that stopped reading is part of the process
+    # memory budget (wsmode_memory_bytes{part="outbound"}); it is released with the socket
+    sim = await sim_factory(output_tokens=TOKENS)
+    proxy = await proxy_factory(
+        sim.url, server__outbound_buffer_bytes=BOUND, server__send_timeout=seconds(30)
+    )
+    ops = proxy.served.runner.app[OPS]
+    async with connect(
+        proxy.ws, sock=small_socket(proxy.served.port), max_queue=1, max_size=None
+    ) as ws:
+        await send(ws, create(input="a long answer please", store=False))
+        assert (await recv(ws))["type"] == "response.created"
+        conn = next(iter(ops.connections))
+        m = await scrape_until(
+            proxy, lambda m: sample(m, "wsmode_memory_bytes", part="outbound") > BOUND // 4
+        )
+        held = sample(m, "wsmode_memory_bytes", part="outbound")
+        assert held <= 2 * BOUND  # within the connection's own bound (plus one write)
+        assert held == proxy.state.core.memory.outbound == conn.outbound
+    await scrape_until(proxy, lambda m: sample(m, "wsmode_connections_open") == 0)
+    assert sample(await scrape(proxy), "wsmode_memory_bytes", part="outbound") == 0

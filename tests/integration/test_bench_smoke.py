@@ -45,6 +45,9 @@ def test_smallest_bench_run_writes_a_complete_report(tmp_path: Path) -> None:
     over = report["overhead"]
     assert {"ttfe_p50_added_ms", "ttfe_p99_added_ms", "total_p50_added_ms"} <= set(over["sizes"][0])
     assert over["build"][0]["p50_ms"] >= 0
+    store = over["store"]  # put cost into a full store, small vs large, as a ratio
+    assert [r["entries"] for r in store["sizes"]] == [100, 2000]
+    assert all(r["put_us"] > 0 for r in store["sizes"]) and store["ratio"] > 0
 
     relay = report["relay"]
     assert [r["connections"] for r in relay["fast"]] == [1, 10]
@@ -58,7 +61,7 @@ def test_smallest_bench_run_writes_a_complete_report(tmp_path: Path) -> None:
 
     results = {t["result"] for t in report["targets"]}
     assert results <= {"PASS", "FAIL", "NOT RUN"}
-    assert len(report["targets"]) == 14
+    assert len(report["targets"]) == 15  # the store row (issue 11) made 15
     assert "targets" in proc.stdout and "method" in proc.stdout
 
 

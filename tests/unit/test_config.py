@@ -80,6 +80,16 @@ def test_env_aliases_and_generic_names() -> None:
         ("[sidecar]\nport = 70000\n", {}, "sidecar.port must be between"),
         ("[sidecar]\nmax_connections = 0\n", {}, "sidecar.max_connections must be at least 1"),
         ("", {"WSMODE_SIDECAR_IDLE_TIMEOUT": "-1"}, "must not be negative"),
+        (
+            "[limits]\nmax_queued_bytes_per_connection = 1000\n",
+            {},
+            "limits.max_queued_bytes_per_connection must be at least server.max_message_bytes",
+        ),
+        (
+            "[limits]\nprocess_max_bytes = 1000\n",
+            {},
+            "limits.process_max_bytes must be at least server.max_message_bytes",
+        ),
     ],
 )
 def test_bad_config_is_an_error(

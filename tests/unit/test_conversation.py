@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from wsmode.core.conversation import EMPTY, CacheBudget, CachedResponse, ResponseCache, Segment
+from wsmode.core.memory import MemoryBudget
 
 HUGE = 1 << 40
 
@@ -392,3 +393,40 @@ def test_entry_bigger_than_process_budget_is_refused_without_flushing_others() -
     assert two.put(entry("big", 150)) is False
     assert one.ids() == ["a"] and two.ids() == []
     assert budget.nbytes == 50 and budget.entries == 1 and budget.evictions == 0
+
+
+# ------------------------------------------------------------------ the process memory budget
+
+
+def test_memory_budget_makes_the_cache_evict_to_leave_room_for_the_other_parts() -> None:
+    memory = MemoryBudget(100)
+    budget = CacheBudget(HUGE, HUGE, memory)
+    memory.add_part("cache", budget)
+    c = cache(budget=budget)
+    c.put(entry("a", 40))
+    c.put(entry("b", 40))
+    memory.queued = 30  # creates waiting elsewhere: they cannot give memory back
+    assert c.put(entry("c", 20))
+    assert c.ids() == ["b", "c"] and memory.nbytes == 90
+
+
+def test_entry_larger_than_the_room_the_budget_leaves_is_refused_and_nothing_goes() -> None:
+    memory = MemoryBudget(100)
+    budget = CacheBudget(HUGE, HUGE, memory)
+    memory.add_part("cache", budget)
+    c = cache(budget=budget)
+    c.put(entry("a", 30))
+    memory.outbound = 50
+    assert not c.put(entry("big", 60))  # 50 outbound + 60 > 100 even with the cache empty
+    assert c.ids() == ["a"] and budget.evictions == 0
+
+
+def test_queued_creates_are_admitted_against_what_cannot_be_evicted() -> None:
+    memory = MemoryBudget(100)
+    budget = CacheBudget(HUGE, HUGE, memory)
+    memory.add_part("cache", budget)
+    cache(budget=budget).put(entry("a", 90))
+    assert memory.can_queue(60)  # the cache would make room; queued + outbound stay within
+    memory.queued, memory.outbound = 50, 20
+    assert memory.can_queue(30) and not memory.can_queue(31)
+    assert memory.parts() == {"cache": 90, "queued": 50, "outbound": 20}

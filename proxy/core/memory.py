@@ -1,0 +1,64 @@
+"""`MemoryBudget`: one process-wide bound on the bytes clients can make the proxy hold.
+
+Four parts count against it, each still within its own bound:
+
+- `cache`: the connection caches (proxy/core/conversation.py; `cache.process_max_*`),
+- `store`: the response store (proxy/core/store.py; `store.max_*`),
+- `queued`: the `response.create` messages waiting on their connection
+  (`limits.max_queued_bytes_per_connection` each),
+- `outbound`: the bytes written for clients and not yet taken by their sockets
+  (`server.outbound_buffer_bytes` each; the WebSocket front reports them after each write).
+
+What happens at the bound depends on whether a part can give memory back. The caches and the
+store can: a put that takes the total past the budget evicts that part's least recently used
+entries until it fits (or the put is refused, as for its own bound). Queued creates cannot be
+dropped once accepted, so a create is refused instead (429 `too_many_queued_requests`) when
+queued and outbound bytes with it would exceed the budget. Outbound bytes are bounded per
+connection by backpressure; they are counted, so the other parts make room for them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class HoldsBytes(Protocol):
+    @property
+    def nbytes(self) -> int: ...
+
+
+class MemoryBudget:
+    """The bytes of every part, their sum, and the budget they share."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.queued = 0  # bytes of creates waiting, all connections
+        self.outbound = 0  # bytes written for clients and not yet sent, all connections
+        self.refused = 0  # creates refused because the budget was reached
+        self._held: dict[str, HoldsBytes] = {}  # the evictable parts: "cache", "store"
+
+    def add_part(self, name: str, part: HoldsBytes) -> None:
+        self._held[name] = part
+
+    def parts(self) -> dict[str, int]:
+        """Bytes per part, by name (what /metrics shows)."""
+        out = {name: part.nbytes for name, part in self._held.items()}
+        out["queued"] = self.queued
+        out["outbound"] = self.outbound
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return self.queued + self.outbound + sum(p.nbytes for p in self._held.values())
+
+    def over(self) -> bool:
+        return self.nbytes > self.max_bytes
+
+    def room_beside(self, part: HoldsBytes) -> int:
+        """How many bytes `part` may hold at most: the budget minus every other part."""
+        return self.max_bytes - (self.nbytes - part.nbytes)
+
+    def can_queue(self, nbytes: int) -> bool:
+        """Whether a create of `nbytes` may wait: the parts that cannot give memory back
+        (queued creates, outbound buffers) stay within the budget with it."""
+        return self.queued + self.outbound + nbytes <= self.max_bytes
