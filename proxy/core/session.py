@@ -23,7 +23,11 @@ starts what can start next.
 With a `ContextManager` (proxy/core/context/manager.py) a run's upstream input is prepared
 at start (compaction items expanded, the window fitted); when `context_management` asks for
 it the run first waits in COMPACTING while the adapter runs the `Summarise` actions, and its
-stream then begins with the compaction item.
+stream then begins with the compaction item. A `compaction_trigger` run generates nothing:
+its stream is the proxy's own (proxy/core/context/trigger.py) and ends with the compaction
+item once the summary is complete. Runs that could continue with the upstream's own
+`previous_response_id` are prepared too when there is something to manage, and sent in
+full if preparing changed anything.
 
 Steering (proxy/core/steering.py) stops a STREAMING run at its next item boundary and queues
 the successor at the head of the lane. After `lifetime_over` nothing new starts, and the
