@@ -509,3 +509,34 @@ async def test_misplaced_trigger_is_a_400_and_the_conversation_is_unchanged(
         ok = await turn(ws, input=[user("still there?")], previous_response_id=prev)
         assert ok[-1]["type"] == "response.completed"
     assert not upstream_saw_a_trigger(sim)
+
+
+async def test_native_continuations_are_fitted_and_compacted_by_the_proxy(
+    sim_factory: SimFactory, proxy_factory: ProxyFactory
+) -> None:
+    """With upstream.native_previous_response_id a turn that would overflow the window is
+    sent in full, truncated, instead of as the upstream's continuation; a trigger is still
+    the proxy's. (The simulated model keeps no state: every native attempt falls back.)"""
+    sim, proxy = await small_window(
+        sim_factory, proxy_factory, upstream__native_previous_response_id=True
+    )
+    async with connect(proxy.ws, additional_headers=AUTH) as ws:
+        prev: str | None = None
+        for i in range(12):
+            fields: dict[str, Any] = {"input": [user(fact(i))], "truncation": "auto"}
+            if prev:
+                fields["previous_response_id"] = prev
+            await send(ws, create(**fields))
+            events = await until_terminal(ws)
+            assert events[-1]["type"] == "response.completed", events[-1]
+            prev = events[-1]["response"]["id"]
+        await send(ws, create(input=[TRIGGER], previous_response_id=prev))
+        events = await until_terminal(ws)
+        assert [e["item"]["type"] for e in events if "item" in e] == ["compaction"] * 2
+        await send(
+            ws, create(input=[user("go on")], previous_response_id=events[-1]["response"]["id"])
+        )
+        assert (await until_terminal(ws))[-1]["type"] == "response.completed"
+    assert not upstream_saw_a_trigger(sim)
+    assert all(count_tokens(b) <= WINDOW for b in generation_bodies(sim))
+    assert "previous_response_id" not in sim.bodies()[-1]  # the upstream never saw the compaction
