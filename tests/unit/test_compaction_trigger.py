@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 import pytest
-from wsmode.core.actions import Action, StartUpstream, Summarise
+from wsmode.core.actions import Action, CancelUpstream, StartUpstream, Summarise
 from wsmode.core.context.compaction import SUMMARY_PREFIX
 from wsmode.core.context.manager import SummaryResult
 from wsmode.core.dialects.chat import ChatDialect
@@ -261,3 +261,17 @@ def test_native_runs_expand_compaction_items_and_never_forward_triggers() -> Non
     rid, _ = complete(s, start)
     body = body_of(the_start(send_create(s, input=[done["output"][0]], previous_response_id=rid)))
     assert "previous_response_id" not in body and b"encrypted_content" not in orjson.dumps(body)
+
+
+def test_a_cancel_while_compacting_stops_the_summary_and_caches_nothing() -> None:
+    s = make_context_session()
+    prev = chain(s)
+    action, opening = trigger(s, prev)
+    rid = sends(opening)[0]["response"]["id"]
+    out = s.client_message(orjson.dumps({"type": "response.cancel"}))
+    assert CancelUpstream(action.run_id) in out
+    (ev,) = sends(out)
+    assert ev["type"] == "response.incomplete" and ev["response"]["id"] == rid
+    assert ev["sequence_number"] == sends(opening)[-1]["sequence_number"] + 1
+    assert s.summary_done(action.run_id, SummaryResult("completed", [assistant("S")], None)) == []
+    assert rid not in s.cache and prev in s.cache
