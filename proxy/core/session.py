@@ -392,16 +392,21 @@ class Session:
         if run.context.cut is None:
             return out + self._compacted_now(run, stream)
         run.move(RunState.COMPACTING)
-        out += [Send(run.lane_frame(f)) for f in stream.compacting()]
-        dialect, instructions = self.policy.dialect, req.settings.get("instructions")
+        return [*out, *self._next_summary(run, stream)]
+
+    def _next_summary(self, run: Run, stream: CompactionStream) -> list[Action]:
+        """A trigger's next summarising request, announced by the progress event. The
+        request's instructions are summarised with the conversation (as for /compact)."""
+        assert self.context is not None and run.context is not None
+        instructions = run.req.settings.get("instructions")
         action = self.context.summary_action(
             run.id,
             run.context,
-            req.model,
-            dialect,
+            run.req.model,
+            self.policy.dialect,
             instructions if isinstance(instructions, str) else None,
         )
-        return [*out, action]
+        return [*(Send(run.lane_frame(f)) for f in stream.compacting()), action]
 
     def _compacted_now(self, run: Run, stream: CompactionStream) -> list[Action]:
         """A trigger's summary is complete: seal the item, finish and cache the response."""
@@ -426,10 +431,10 @@ class Session:
         trigger = run.stream if isinstance(run.stream, CompactionStream) else None
         try:
             if self.context.absorb_summary(run.context, result):  # the next chunk
+                if trigger is not None:
+                    return self._next_summary(run, trigger)
                 dialect = self.policy.dialect
-                action = self.context.summary_action(run.id, run.context, run.req.model, dialect)
-                progress = trigger.compacting() if trigger is not None else []
-                return [*(Send(run.lane_frame(f)) for f in progress), action]
+                return [self.context.summary_action(run.id, run.context, run.req.model, dialect)]
             if trigger is not None:
                 return self._compacted_now(run, trigger)
             run.context = self.context.compacted(run.context, self.owner, self.new_id("cmp"))

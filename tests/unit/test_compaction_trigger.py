@@ -275,3 +275,20 @@ def test_a_cancel_while_compacting_stops_the_summary_and_caches_nothing() -> Non
     assert ev["sequence_number"] == sends(opening)[-1]["sequence_number"] + 1
     assert s.summary_done(action.run_id, SummaryResult("completed", [assistant("S")], None)) == []
     assert rid not in s.cache and prev in s.cache
+
+
+def test_a_long_conversation_is_summarised_in_chunks_each_announced() -> None:
+    s = make_context_session(context_window=1000, keep_recent_fraction=0.1)
+    history = [DEV, *(user(f"fact-{i} " + "x" * 200) for i in range(6))]
+    out = send_create(s, input=[*history, TRIGGER], instructions="Be exact.")
+    progress = 0
+    requests = 0
+    while not finished(out):
+        kinds = [f["type"] for f in sends(out)]
+        progress += kinds.count("response.compaction.compacting")
+        (action,) = summarises(out)
+        requests += 1
+        assert "[instructions the assistant follows] Be exact." in summary_input(action)
+        out = s.summary_done(action.run_id, SummaryResult("completed", [assistant("S")], None))
+    assert requests >= 2 and progress == requests
+    assert [o["type"] for o in sends(out)[-1]["response"]["output"]] == ["compaction"]
