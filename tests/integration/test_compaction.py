@@ -540,3 +540,18 @@ async def test_native_continuations_are_fitted_and_compacted_by_the_proxy(
     assert not upstream_saw_a_trigger(sim)
     assert all(count_tokens(b) <= WINDOW for b in generation_bodies(sim))
     assert "previous_response_id" not in sim.bodies()[-1]  # the upstream never saw the compaction
+
+
+async def test_with_compaction_off_a_trigger_goes_to_a_responses_upstream_and_chat_refuses_it(
+    sim: Sim, proxy_factory: ProxyFactory
+) -> None:
+    responses = await proxy_factory(sim.url, compaction__enabled=False)
+    chat = await proxy_factory(sim.url, compaction__enabled=False, upstream__api="chat")
+    async with connect(responses.ws) as ws:
+        await turn(ws, input=[user("x"), TRIGGER])
+    assert sim.bodies()[-1]["input"][-1] == TRIGGER  # for an upstream that compacts itself
+    asked = len(sim.bodies())
+    async with connect(chat.ws) as ws:
+        (err,) = await turn(ws, input=[user("x"), TRIGGER])
+    assert err["status"] == 400 and err["error"]["code"] == "unsupported_value"
+    assert len(sim.bodies()) == asked  # never dropped silently
