@@ -26,7 +26,11 @@ starts what can start next.
 With a `ContextManager` (proxy/core/context/manager.py) a run's upstream input is prepared
 at start (compaction items expanded, the window fitted); when `context_management` asks for
 it the run first waits in COMPACTING while the adapter runs the `Summarise` actions, and its
-stream then begins with the compaction item.
+stream then begins with the compaction item. A `compaction_trigger` run generates nothing:
+its stream is the proxy's own (proxy/core/context/trigger.py) and ends with the compaction
+item once the summary is complete. Runs that could continue with the upstream's own
+`previous_response_id` are prepared too when there is something to manage, and sent in
+full if preparing changed anything.
 
 Steering (proxy/core/steering.py) stops a STREAMING run at its next item boundary and queues
 the successor at the head of the lane. After `lifetime_over` nothing new starts, and the
@@ -63,9 +67,10 @@ from .actions import (
     StartUpstream,
 )
 from .api_objects import lifecycle_event, response_object, zero_usage
-from .context.compaction import compaction_of
+from .context.compaction import compaction_of, has_trigger
 from .context.managed_stream import ManagedStream
 from .context.manager import ContextManager, SummaryResult, compaction_failed
+from .context.trigger import CompactionStream
 from .conversation import (
     CHECKED_OUTPUTS,
     EMPTY,
@@ -95,6 +100,9 @@ from .store import ResponseStore, StoredResponse
 _IN_FLIGHT = (RunState.COMPACTING, RunState.UPSTREAM, RunState.STREAMING)
 # outcomes whose run delivered what it carried (a steer's input included)
 _DELIVERED = frozenset({Outcome.COMPLETED, Outcome.INCOMPLETE, Outcome.WARMUP, Outcome.STEERED})
+# set in a cached response's settings when the upstream never saw it (the proxy wrote it):
+# it cannot be continued with the upstream's own previous_response_id
+_PROXY_MADE = "wsmode_proxy_made"
 
 
 @dataclass
@@ -407,19 +415,25 @@ class Session:
             return [Send(self._error_frame(refused, req.lane)), *self._end(run, Outcome.REJECTED)]
         if not req.generate:
             return self._warmup(run)
+        if self.context is not None and has_trigger(req.input_items):
+            return self._compact_now(run)
         run.native = (
             self.policy.native_previous_response_id
             and run.parent is not None
             and run.parent.settings.get("store") is not False
+            and not run.parent.settings.get(_PROXY_MADE)
         )
         out: list[Action] = []
-        if self.context is not None and not run.native:
+        # a native run is managed too when it could need it: then it is sent in full
+        # unless nothing was compacted, truncated or expanded (ContextManager.native_ok)
+        if self.context is not None and (not run.native or self.context.manages(req)):
             try:
                 run.context = self.context.prepare(run.parent, req, self.owner)
             except ClientError as err:  # the window is exceeded, ...
                 return [Send(self._error_frame(err, req.lane)), *self._end(run, Outcome.REJECTED)]
             if run.context.jobs:
                 out.append(CountTokens(run.context.jobs))
+            run.native = run.native and self.context.native_ok(run.context)
         self._busy_lanes.add(req.lane)
         if run.context is not None and run.context.cut is not None:
             assert self.context is not None
@@ -432,17 +446,74 @@ class Session:
             return [Send(self._error_frame(err, req.lane)), *self._end(run, Outcome.REJECTED)]
         return [*out, start]
 
+    def _compact_now(self, run: Run) -> list[Action]:
+        """A `compaction_trigger` (PROTOCOL 7, proxy/core/context/trigger.py): the response
+        is the compaction of the conversation so far, written here; the trigger and the
+        compaction never reach the upstream, only the summarising requests do."""
+        assert self.context is not None
+        req = run.req
+        try:
+            run.context = self.context.plan_trigger(run.parent, req, self.owner)
+        except ClientError as err:  # nothing to compact
+            return [Send(self._error_frame(err, req.lane)), *self._end(run, Outcome.REJECTED)]
+        self._busy_lanes.add(req.lane)
+        stream = CompactionStream(
+            self.new_id("resp"),
+            self.new_id("cmp"),
+            req.body,
+            int(self.clock()),
+            progress=self.context.settings.compaction.progress_events,
+        )
+        run.stream = stream
+        out: list[Action] = [Send(run.lane_frame(f)) for f in stream.opening()]
+        if run.context.cut is None:
+            return out + self._compacted_now(run, stream)
+        run.move(RunState.COMPACTING)
+        return [*out, *self._next_summary(run, stream)]
+
+    def _next_summary(self, run: Run, stream: CompactionStream) -> list[Action]:
+        """A trigger's next summarising request, announced by the progress event. The
+        request's instructions are summarised with the conversation (as for /compact)."""
+        assert self.context is not None and run.context is not None
+        instructions = run.req.settings.get("instructions")
+        action = self.context.summary_action(
+            run.id,
+            run.context,
+            run.req.model,
+            self.policy.dialect,
+            instructions if isinstance(instructions, str) else None,
+        )
+        return [*(Send(run.lane_frame(f)) for f in stream.compacting()), action]
+
+    def _compacted_now(self, run: Run, stream: CompactionStream) -> list[Action]:
+        """A trigger's summary is complete: seal the item, finish and cache the response."""
+        assert self.context is not None and run.context is not None
+        item, usage = self.context.trigger_item(run.context, self.owner, stream.item_id)
+        out: list[Action] = [
+            Send(run.lane_frame(f)) for f in stream.finish(item, usage, int(self.clock()))
+        ]
+        rid = stream.response_id
+        assert rid is not None and stream.response is not None
+        self._remember(run, rid, [wire.dumps_kept(item)], stream.response)
+        return out + self._end(run, Outcome.COMPLETED, rid, usage)
+
     def summary_done(self, run_id: int, result: SummaryResult) -> list[Action]:
         """The summarising request of a compaction finished: generate from the compacted
-        context, the stream starting with the compaction item."""
+        context, the stream starting with the compaction item (or, for a
+        `compaction_trigger`, answer the compaction item alone)."""
         run = self._runs.get(run_id)
         if run is None or run.state is not RunState.COMPACTING:
             return []
         assert self.context is not None and run.context is not None
+        trigger = run.stream if isinstance(run.stream, CompactionStream) else None
         try:
             if self.context.absorb_summary(run.context, result):  # the next chunk
+                if trigger is not None:
+                    return self._next_summary(run, trigger)
                 dialect = self.policy.dialect
                 return [self.context.summary_action(run.id, run.context, run.req.model, dialect)]
+            if trigger is not None:
+                return self._compacted_now(run, trigger)
             run.context = self.context.compacted(run.context, self.owner, self.new_id("cmp"))
             return [self._start_upstream(run)]
         except UpstreamError as err:
@@ -513,6 +584,8 @@ class Session:
             assert run.parent is not None
             extra["previous_response_id"] = run.parent.id
             items = list(req.input_items)
+            if run.context is not None:  # context_management is the proxy's, not sent
+                settings = run.context.settings
         elif run.context is not None:  # prepared by the ContextManager
             assert self.context is not None
             prep = run.context
@@ -655,6 +728,8 @@ class Session:
         compacted = run.context is not None and run.context.compaction is not None
         parent = run.parent or EMPTY
         settings = {**run.req.settings, "store": run.req.store}
+        if isinstance(run.stream, CompactionStream):
+            settings[_PROXY_MADE] = True
         added = Segment((*run.req.input_items, *output))
         seen, opaque = self._visible(run.req.input_items)
         expanded = None if seen is run.req.input_items else (*seen, *output)

@@ -2,6 +2,11 @@
 
 Codex is a 400 MB npm package, so this runs only where it is installed: set CODEX_BIN
 to its `codex` binary (e.g. after `npm install @openai/codex@0.169.0`, node_modules/.bin/codex).
+
+Two set-ups: a custom provider (`model_providers.local`, `supports_websockets = true`), and
+Codex's built-in OpenAI provider redirected with `openai_base_url`, which is the one that
+uses remote compaction (a `compaction_trigger` input item, README "Compaction and context
+windows").
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from wsmode.core.context.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
 
 from tests.helpers import seconds
 
@@ -77,3 +83,58 @@ stream_idle_timeout_ms = 15000
     assert bodies[0]["input"][0]["role"] == "developer"
     for earlier, later in itertools.pairwise(bodies):
         assert later["input"][: len(earlier["input"])] == earlier["input"]
+
+
+async def test_codex_remote_compaction_through_the_builtin_openai_provider(
+    tmp_path: Path, sim_factory: Any, proxy_factory: Any
+) -> None:
+    """Codex compacts remotely when its token count passes `model_auto_compact_token_limit`:
+    after the simulated model's tool call it sends `compaction_trigger` on the socket and
+    needs exactly one compaction item back; the turn then goes on from the compacted
+    history, which wsmode expands for the model."""
+    sim = await sim_factory(output_tokens=12)
+    proxy = await proxy_factory(sim.url)
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f"""model = "fake-model"
+openai_base_url = "{proxy.http}"
+model_auto_compact_token_limit = 200
+"""
+    )
+    proc = await asyncio.create_subprocess_exec(
+        CODEX,
+        "exec",
+        "--skip-git-repo-check",
+        "--ephemeral",
+        "-s",
+        "read-only",
+        "--json",
+        "say hi",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "CODEX_HOME": str(home), "CODEX_API_KEY": "sk-test"},
+        cwd=tmp_path,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), seconds(120))
+    text = out.decode() + err.decode()
+    assert proc.returncode == 0, text
+    assert "Falling back from WebSockets" not in text
+    assert "remote compact" not in text, text
+    events = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+    assert any(e["type"] == "turn.completed" for e in events), text
+    assert any(e.get("item", {}).get("type") == "agent_message" for e in events), text
+    bodies = sim.bodies()
+    summaries = [b for b in bodies if b.get("instructions") == SUMMARY_INSTRUCTIONS]
+    assert len(summaries) == 1, [b.get("instructions") for b in bodies]
+    assert not any(b"compaction_trigger" in json.dumps(b).encode() for b in bodies)
+    after = bodies[bodies.index(summaries[0]) + 1 :]
+    texts = [
+        part.get("text", "")
+        for b in after
+        for item in b["input"]
+        if isinstance(item.get("content"), list)
+        for part in item["content"]
+    ]
+    assert any(t.startswith(SUMMARY_PREFIX) for t in texts)  # the item, expanded

@@ -408,3 +408,150 @@ async def test_context_management_over_plain_http(
     sent = sim.bodies()[-1]["input"]
     assert text_of(sent[0]).startswith(SUMMARY_PREFIX) and sent[-1] == user("more")
     assert len(sent) < len(history)
+
+
+# ------------------------------------------------------------------ compaction_trigger (Codex)
+
+TRIGGER = {"type": "compaction_trigger"}
+
+
+def upstream_saw_a_trigger(sim: Sim) -> bool:
+    return any(b"compaction_trigger" in orjson.dumps(b) for b in sim.bodies())
+
+
+async def chained_facts(ws: ClientConnection, n: int) -> str:
+    prev: str | None = None
+    for i in range(n):
+        fields: dict[str, Any] = {"input": [user(fact(i))]}
+        if prev:
+            fields["previous_response_id"] = prev
+        events = await turn(ws, **fields)
+        assert events[-1]["type"] == "response.completed"
+        prev = events[-1]["response"]["id"]
+    assert prev is not None
+    return prev
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+async def test_compaction_trigger_answers_one_item_that_the_next_turn_sends_back(
+    api: str, sim: Sim, proxy_factory: ProxyFactory
+) -> None:
+    proxy = await proxy_factory(sim.url, upstream__api=api)
+    async with connect(proxy.ws, additional_headers=AUTH) as ws:
+        prev = await chained_facts(ws, 6)
+        asked = len(sim.bodies())
+        events = await turn(ws, input=[TRIGGER], previous_response_id=prev)
+        kinds = [e["type"] for e in events]
+        assert kinds[:3] == ["response.created", "response.in_progress", *kinds[2:3]]
+        assert "response.compaction.compacting" in kinds and kinds[-1] == "response.completed"
+        items = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+        assert [i["type"] for i in items] == ["compaction"]  # exactly one, as Codex requires
+        assert events[-1]["response"]["output"] == items
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert len(sim.bodies()) == asked + 1  # the summarising request, nothing generated
+        # Codex's next request: the user messages it retained, the item, the new prompt
+        nxt = await turn(ws, input=[user(fact(0)), items[0], user("what was fact-0?")])
+        assert nxt[-1]["type"] == "response.completed"
+        # and a client that chains from the compaction response
+        more = await turn(
+            ws, input=[user("and then?")], previous_response_id=nxt[-1]["response"]["id"]
+        )
+        assert more[-1]["type"] == "response.completed"
+    assert not upstream_saw_a_trigger(sim)
+    sent = orjson.dumps(sim.bodies()[-2]).decode()
+    assert SUMMARY_PREFIX.split(":")[0] in sent
+    if api == "responses":  # the simulated model writes a recognisable summary there only
+        assert f"{SUMMARY_LEAD} fact-0" in sent
+    assert fact(0) not in sent  # summarised: the retained copy before the item is dropped
+    assert fact(5) in sent  # the recent tail travels verbatim inside the item
+
+
+async def test_compaction_trigger_with_the_sdk_over_the_socket_and_http(
+    proxy: Proxy, sim: Sim, openai_client: OpenAIClient
+) -> None:
+    """The SDK's own event and item models accept every event of a trigger's response."""
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    events = TypeAdapter(ResponseStreamEvent)
+    client = openai_client(proxy.http, api_key="sk-a")
+    history = [user(fact(i)) for i in range(6)]
+    async with client.responses.connect() as conn:
+        await conn.response.create(model="sim", input=[*history, TRIGGER], store=False)
+        seen = []
+        async for ev in conn:
+            seen.append(events.validate_python(ev.model_dump(warnings=False)))
+            if ev.type in ("response.completed", "response.failed", "error"):
+                break
+    assert seen[-1].type == "response.completed"
+    assert [x.type for x in seen].count("response.compaction.compacting") == 1
+    (item,) = seen[-1].response.output
+    assert item.type == "compaction" and item.encrypted_content
+    # over HTTP: the item starts a new chain
+    resp = await client.responses.create(
+        model="sim", input=[item.model_dump(exclude_none=True), user("go on")]
+    )
+    assert resp.status == "completed" and resp.output_text
+    assert text_of(sim.bodies()[-1]["input"][0]).startswith(SUMMARY_PREFIX + SUMMARY_LEAD)
+    # and a trigger over HTTP answers the compaction as the response
+    again = await client.responses.create(model="sim", input=[*history, TRIGGER])
+    assert [o.type for o in again.output] == ["compaction"]
+    assert not upstream_saw_a_trigger(sim)
+
+
+async def test_misplaced_trigger_is_a_400_and_the_conversation_is_unchanged(
+    proxy: Proxy, sim: Sim
+) -> None:
+    async with connect(proxy.ws) as ws:
+        prev = await chained_facts(ws, 1)
+        (err,) = await turn(ws, input=[TRIGGER, user("x")], previous_response_id=prev)
+        assert err["status"] == 400 and err["error"]["param"] == "input[0]"
+        ok = await turn(ws, input=[user("still there?")], previous_response_id=prev)
+        assert ok[-1]["type"] == "response.completed"
+    assert not upstream_saw_a_trigger(sim)
+
+
+async def test_native_continuations_are_fitted_and_compacted_by_the_proxy(
+    sim_factory: SimFactory, proxy_factory: ProxyFactory
+) -> None:
+    """With upstream.native_previous_response_id a turn that would overflow the window is
+    sent in full, truncated, instead of as the upstream's continuation; a trigger is still
+    the proxy's. (The simulated model keeps no state: every native attempt falls back.)"""
+    sim, proxy = await small_window(
+        sim_factory, proxy_factory, upstream__native_previous_response_id=True
+    )
+    async with connect(proxy.ws, additional_headers=AUTH) as ws:
+        prev: str | None = None
+        for i in range(12):
+            fields: dict[str, Any] = {"input": [user(fact(i))], "truncation": "auto"}
+            if prev:
+                fields["previous_response_id"] = prev
+            await send(ws, create(**fields))
+            events = await until_terminal(ws)
+            assert events[-1]["type"] == "response.completed", events[-1]
+            prev = events[-1]["response"]["id"]
+        await send(ws, create(input=[TRIGGER], previous_response_id=prev))
+        events = await until_terminal(ws)
+        assert [e["item"]["type"] for e in events if "item" in e] == ["compaction"] * 2
+        await send(
+            ws, create(input=[user("go on")], previous_response_id=events[-1]["response"]["id"])
+        )
+        assert (await until_terminal(ws))[-1]["type"] == "response.completed"
+    assert not upstream_saw_a_trigger(sim)
+    assert all(count_tokens(b) <= WINDOW for b in generation_bodies(sim))
+    assert "previous_response_id" not in sim.bodies()[-1]  # the upstream never saw the compaction
+
+
+async def test_with_compaction_off_a_trigger_goes_to_a_responses_upstream_and_chat_refuses_it(
+    sim: Sim, proxy_factory: ProxyFactory
+) -> None:
+    responses = await proxy_factory(sim.url, compaction__enabled=False)
+    chat = await proxy_factory(sim.url, compaction__enabled=False, upstream__api="chat")
+    async with connect(responses.ws) as ws:
+        await turn(ws, input=[user("x"), TRIGGER])
+    assert sim.bodies()[-1]["input"][-1] == TRIGGER  # for an upstream that compacts itself
+    asked = len(sim.bodies())
+    async with connect(chat.ws) as ws:
+        (err,) = await turn(ws, input=[user("x"), TRIGGER])
+    assert err["status"] == 400 and err["error"]["code"] == "unsupported_value"
+    assert len(sim.bodies()) == asked  # never dropped silently

@@ -214,12 +214,14 @@ def steer(target: str, input: Any = "more") -> bytes:
 # ---------------------------------------------------------- a session with a context manager
 
 
-def make_context_session(owner: str = "owner-a", **settings: Any) -> Session:
+def make_context_session(
+    owner: str = "owner-a", *, policy: UpstreamPolicy | None = None, **settings: Any
+) -> Session:
     ids = itertools.count(1)
     ctx = ContextManager(context_settings(**settings), Sealer(bytes(range(32))))
     return Session(
         cache=ResponseCache(CacheBudget(HUGE, HUGE), 1000, HUGE),
-        policy=UpstreamPolicy(ResponsesDialect()),
+        policy=policy or UpstreamPolicy(ResponsesDialect()),
         clock=lambda: 1_700_000_000.0,
         new_id=lambda prefix: f"{prefix}_{next(ids)}",
         owner=owner,

@@ -18,6 +18,12 @@ items, everything before the latest compaction item is then dropped: the item st
 it. The token is bound to the credential that created it (its hash is the associated data),
 so another credential's request cannot open it.
 
+A `compaction_trigger` input item (Codex's remote compaction) asks for the same thing as
+`POST /v1/responses/compact`, inside an ordinary create: the conversation so far, with the
+rest of that input, is compacted and the response's only output is the compaction item.
+Its recent tail is sealed inside the item (the client keeps only the item), and the
+trigger itself is never sent upstream.
+
 Planning (`plan_split`) chooses where the older part ends: never inside a tool call and its
 output (`call_id` pairs), preferably where a user turn begins, and never after the start of
 the new input, which is always kept verbatim.
@@ -30,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import wire
-from ..errors import ClientError, missing, wrong_type
+from ..errors import ClientError, invalid, missing, wrong_type
 from ..request import normalise_input
 from .sealing import Sealer, SealError
 
@@ -138,6 +144,41 @@ def _invalid(why: str) -> ClientError:
         code="invalid_encrypted_content",
         param="input",
     )
+
+
+# ---------------------------------------------------------------- compaction_trigger
+
+TRIGGER_MARKER = b'"type":"compaction_trigger"'
+
+
+def is_trigger(item: bytes) -> bool:
+    """Whether an item is a `compaction_trigger` (parsed only when it can be one)."""
+    if TRIGGER_MARKER not in item:
+        return False
+    doc = wire.loads(item)
+    return isinstance(doc, dict) and doc.get("type") == "compaction_trigger"
+
+
+def has_trigger(items: Sequence[bytes]) -> bool:
+    """Whether a request's new input ends with a `compaction_trigger` (`check_trigger`
+    already made sure no other position holds one)."""
+    return bool(items) and is_trigger(items[-1])
+
+
+def check_trigger(items: Sequence[bytes], generate: bool) -> None:
+    """A `compaction_trigger` must be the last input item, at most once, of a request that
+    generates (PROTOCOL 7: "must be the final input item"). Raises ClientError."""
+    for i, item in enumerate(items):
+        if not is_trigger(item):
+            continue
+        if i != len(items) - 1:
+            raise invalid("A 'compaction_trigger' item must be the last input item.", f"input[{i}]")
+        if not generate:
+            raise invalid(
+                "A 'compaction_trigger' item cannot be sent with 'generate': false; the "
+                "compaction is the response.",
+                "generate",
+            )
 
 
 def compaction_of(item: bytes) -> dict[str, Any] | None:

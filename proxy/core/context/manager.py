@@ -46,8 +46,10 @@ from .compaction import (
     Compacted,
     CompactRequest,
     ItemFacts,
+    check_trigger,
     compaction_of,
     facts_of,
+    has_trigger,
     is_summary,
     last_safe_cut,
     new_input_start,
@@ -129,6 +131,7 @@ class Prepared:
     summary_to: int | None = None
     jobs: tuple[TokenJob, ...] = ()
     dropped: int = 0  # items truncation left out
+    input_compacted: bool = False  # the new input holds a compaction item (expanded here)
 
     def input_tokens(self) -> int:
         return sum(self.counts) + self.settings_tokens
@@ -152,9 +155,10 @@ class ContextManager:
     # ------------------------------------------------------------ validation
 
     def validate(self, req: CreateRequest, owner: str) -> None:
-        """Checks on arrival: `context_management`, `truncation`, and that every compaction
-        item in the new input opens."""
+        """Checks on arrival: `context_management`, `truncation`, where a
+        `compaction_trigger` stands, and that every compaction item in the new input opens."""
         self._threshold(req.settings)
+        check_trigger(req.input_items, req.generate)
         truncation = req.settings.get("truncation")
         if truncation is not None and truncation not in TRUNCATION_MODES:
             raise invalid("'truncation' must be 'auto' or 'disabled'.", "truncation")
@@ -282,6 +286,7 @@ class ContextManager:
             truncation=str(settings.get("truncation") or "disabled"),
             reserve=reserve or self.settings.tokens.output_reserve,
             settings_tokens=0,
+            input_compacted=parts[-1].restart >= 0,
         )
         return prep, used[:-1]
 
@@ -313,6 +318,24 @@ class ContextManager:
                 prep.cut = cut
                 return prep
         return self._fit(prep)
+
+    def manages(self, req: CreateRequest) -> bool:
+        """Whether preparing can change a request that could be sent with the upstream's own
+        `previous_response_id`: a window to check, a compaction asked for, a compaction
+        item or trigger in the new input. If not, such a run goes upstream as it is."""
+        return bool(
+            self.settings.context_window
+            or "context_management" in req.settings
+            or has_trigger(req.input_items)
+            or any(compaction_of(i) is not None for i in req.input_items)
+        )
+
+    @staticmethod
+    def native_ok(prep: Prepared) -> bool:
+        """A prepared run may still go upstream with the upstream's own
+        `previous_response_id` and only its new input: nothing was compacted, truncated or
+        expanded, so the upstream's state is what the proxy would have sent."""
+        return prep.cut is None and not prep.dropped and not prep.input_compacted
 
     def _settings_tokens(self, settings: dict[str, Any]) -> int:
         n = 0
@@ -463,7 +486,39 @@ class ContextManager:
         older part to summarise, then a recent tail of at most `keep_recent_fraction` of
         the conversation's tokens, returned in the clear. `cut` is None when there is
         nothing to summarise."""
-        prep, _ = self._assemble(parent, req.input_items, {}, owner, counted=True)
+        return self._plan_split_all(parent, req.input_items, owner)
+
+    def plan_trigger(
+        self, parent: CachedResponse | None, req: CreateRequest, owner: str
+    ) -> Prepared:
+        """The split for a `compaction_trigger`: as for `/responses/compact`, over the
+        conversation and the request's other new items (the trigger, last, left out)."""
+        return self._plan_split_all(parent, req.input_items[:-1], owner)
+
+    def trigger_item(
+        self, prep: Prepared, owner: str, item_id: str
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The compaction item a `compaction_trigger` answers (its summary absorbed
+        already), and the usage of the compaction. Unlike `/responses/compact` the recent
+        tail is sealed inside the item: the client keeps only the item, and a later turn
+        expands it into head, summary and tail."""
+        head = tuple(prep.items[: prep.head])
+        if prep.cut is None:  # nothing to summarise: the item stands for the items as they are
+            compacted = Compacted(head, "", tuple(prep.items[prep.head :]))
+            usage = usage_of(0, 0)
+        else:
+            if not prep.summary:
+                raise _no_summary()
+            compacted = Compacted(head, prep.summary, tuple(prep.items[prep.cut :]))
+            older = sum(prep.counts[prep.head : prep.cut])
+            usage = prep.summary_usage or usage_of(older, self.estimator.of_text(prep.summary))
+        prep.compaction = seal(self.sealer, compacted, owner, item_id)
+        return prep.compaction, usage
+
+    def _plan_split_all(
+        self, parent: CachedResponse | None, input_items: tuple[bytes, ...], owner: str
+    ) -> Prepared:
+        prep, _ = self._assemble(parent, input_items, {}, owner, counted=True)
         if not prep.items:
             raise invalid("There is nothing to compact: the input is empty.", "input")
         facts = prep.facts()

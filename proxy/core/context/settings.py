@@ -53,6 +53,8 @@ class CompactionSettings:
     keep_recent_fraction: float = 0.25  # of the threshold, kept verbatim after compacting
     summary_max_output_tokens: int = 2048
     expansion_cache_bytes: int = 64 * MiB  # opened compaction items kept in memory
+    # response.compaction.compacting while a compaction_trigger's summary runs
+    progress_events: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.keep_recent_fraction < 1:

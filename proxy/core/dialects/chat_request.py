@@ -13,7 +13,8 @@ Items become messages:
 - `reasoning` items -> dropped, or sent as the next assistant message's reasoning field
   (`reasoning_content` or `reasoning`, configurable);
 - hosted-tool items (web_search_call, ...) and compaction items -> dropped: a Chat upstream
-  cannot replay them.
+  cannot replay them; a `compaction_trigger` (which the proxy serves itself unless
+  compaction is switched off) -> 400 `unsupported_value`, never silently dropped.
 
 Tools: `function` tools -> `{"type": "function", "function": {...}}`; `namespace` tools are
 flattened to their functions, named `<namespace>__<function>`, and the stream translator
@@ -346,6 +347,13 @@ def translate_item(item: Any, opts: ChatOptions) -> Piece:
         raise ClientError(
             "'item_reference' input items cannot be resolved for a Chat Completions upstream; "
             "send the item itself.",
+            code="unsupported_value",
+            param="input",
+        )
+    if kind == "compaction_trigger":  # served by the proxy; here only with compaction off
+        raise ClientError(
+            "A 'compaction_trigger' item cannot be sent to a Chat Completions upstream; "
+            "it needs the proxy's compaction (compaction.enabled = true).",
             code="unsupported_value",
             param="input",
         )
