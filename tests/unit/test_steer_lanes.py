@@ -81,16 +81,19 @@ def test_steer_failed_for_a_response_whose_steers_wait_carries_its_stream_id() -
 # ------------------------------------------------------------ item 8: steer input in a tool turn
 
 
-def _pending_tool_turn(s: Session, lane: str | None = None) -> None:
-    """r1 on `lane` emits a function call while a steer ("more") is accepted: the steer
-    waits for the client's tool output (`response.steer.pending`)."""
+def _pending_tool_turn(
+    s: Session, lane: str | None = None, calls: tuple[dict[str, Any], ...] = (CALL,)
+) -> None:
+    """r1 on `lane` emits tool calls (a function call unless told) while a steer ("more")
+    is accepted: the steer waits for the client's tool output (`response.steer.pending`)."""
     fields: dict[str, Any] = {"input": [user("go")]}
     if lane is not None:
         fields["stream_id"] = lane
     start = the_start(create(s, **fields))
     feed(s, start.run_id, [created("r1"), added(1, 0, "function_call")])
     s.client_message(steer("r1", "more"))
-    out = feed(s, start.run_id, [done(2, 0, CALL), terminal("r1", 3, [CALL])])
+    dones = [done(2 + i, i, call) for i, call in enumerate(calls)]
+    out = feed(s, start.run_id, [*dones, terminal("r1", 2 + len(calls), list(calls))])
     assert "response.steer.pending" in [e["type"] for e in sends(out)]
 
 
@@ -119,7 +122,14 @@ def test_steer_input_goes_after_the_tool_outputs_of_the_explicit_create() -> Non
 
 def test_steer_input_after_every_leading_tool_output_and_approval() -> None:
     s = make_session()
-    _pending_tool_turn(s)
+    custom_call = {
+        "id": "i1",
+        "type": "custom_tool_call",
+        "call_id": "c2",
+        "name": "ed",
+        "input": "",
+    }
+    _pending_tool_turn(s, calls=(CALL, custom_call))
     custom = {"type": "custom_tool_call_output", "call_id": "c2", "output": "y"}
     approval = {"type": "mcp_approval_response", "approval_request_id": "a1", "approve": True}
     own = [TOOL_OUT, custom, approval]
