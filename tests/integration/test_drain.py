@@ -107,12 +107,20 @@ async def test_grace_over_cuts_in_flight_and_exits_0(
         await wait_healthy(f"http://127.0.0.1:{port}")
         async with connect(f"ws://127.0.0.1:{port}/v1/responses") as ws:
             await send(ws, create(input="x", metadata={"sim_fault": "stall:3"}))
-            await recv(ws)
+            seen = [await recv(ws)]
             proc.send_signal(signal.SIGTERM)
             with pytest.raises(ConnectionClosed):
                 while True:
-                    await asyncio.wait_for(ws.recv(), seconds(10))
+                    seen.append(json.loads(await asyncio.wait_for(ws.recv(), seconds(10))))
             assert ws.close_code == 1001
+        # the cut response ended with its terminal event and an error before the close
+        failed, error = seen[-2:]
+        assert failed["type"] == "response.failed"
+        assert failed["response"]["error"]["code"] == "server_shutting_down"
+        assert error["type"] == "error" and error["status"] == 503
+        assert error["error"]["code"] == "server_shutting_down"
+        numbers = [e["sequence_number"] for e in seen]
+        assert numbers == list(range(len(seen)))  # nothing lost in between
         await asyncio.to_thread(proc.communicate, timeout=seconds(20))
         assert proc.returncode == 0
     await until(lambda: sim.state.cancelled == 1)  # the stalled upstream request was closed
