@@ -20,7 +20,7 @@ from multiprocessing.process import BaseProcess
 
 from aiohttp import web
 
-from .app import create_app
+from .app import HANDLER_CANCELLATION, create_app
 from .config import Settings
 from .ops.middleware import OPS
 
@@ -32,7 +32,12 @@ _CLOSE_MARGIN = 5.0
 
 async def serve(settings: Settings) -> None:
     app = create_app(settings)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=_CLOSE_MARGIN)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        shutdown_timeout=_CLOSE_MARGIN,
+        handler_cancellation=HANDLER_CANCELLATION,
+    )
     await runner.setup()
     try:
         site = web.TCPSite(
