@@ -150,6 +150,25 @@ async def test_passthrough_client_leaving_mid_stream(
     assert troubles(caplog) == []
 
 
+async def test_compact_client_leaving_cancels_the_summary(
+    sim_factory: SimFactory, proxy_factory: ProxyFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    sim = await sim_factory(tokens_per_second=20, output_tokens=1000)
+    proxy = await proxy_factory(sim.url)
+    notes = [
+        {"type": "message", "role": "user", "content": f"note {i} " + "detail " * 60}
+        for i in range(6)
+    ]
+    body = {"model": "sim", "input": notes}
+    await post_and_leave(
+        proxy.served.port, "/v1/responses/compact", body, when=lambda: sim.state.active == 1
+    )
+    await until(lambda: sim.state.cancelled == 1 and sim.state.active == 0)
+    await assert_counted_as_left(proxy, "/v1/responses/compact")
+    assert troubles(caplog) == []
+
+
 async def test_the_proxy_still_answers_after_clients_left(
     sim_factory: SimFactory, proxy_factory: ProxyFactory
 ) -> None:
