@@ -4,7 +4,9 @@ Drain, in order: `/healthz` answers 503 `draining` and every new request but /he
 /metrics gets 503 (the listener stays open so load balancers can see it); each WebSocket
 refuses new creates and closes with 1001 as soon as it has nothing in flight; at the end of
 `server.drain_grace_seconds` whatever is still running is cut and its socket closed with 1001.
-Then the listener closes and the process exits 0. A second signal cuts the grace short.
+A cut response ends with `response.failed` and an `error` (503 `server_shutting_down`);
+`POST /v1/responses` is waited for and cut the same way. Then the listener closes and the
+process exits 0. A second signal cuts the grace short.
 """
 
 from __future__ import annotations
