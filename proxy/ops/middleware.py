@@ -104,7 +104,7 @@ class Ops:
         grace = self.settings.server.drain_grace_seconds
         log.info(
             "draining: %d connections, %d HTTP requests in flight, grace %gs",
-            len(self.connections),
+            self.ws_open,  # `connections` holds the POST /v1/responses in flight too
             self.http_inflight,
             grace,
         )
