@@ -33,10 +33,37 @@ from .ws_front import ClientConnection
 
 log = logging.getLogger("wsmode")
 
+# The runner's `handler_cancellation` (serve.py, and the tests' servers): when a client's
+# connection is lost, aiohttp cancels its handler, so a plain HTTP request whose client left
+# stops its upstream request at once, even while nothing is being written to the client.
+# A WebSocket connection is shielded from that (`_websocket`): its reader sees the close.
+HANDLER_CANCELLATION = True
+
+
+async def _websocket(request: web.Request) -> web.StreamResponse:
+    """WebSocket mode. The connection runs in a task of its own, so that the cancellation
+    aiohttp sends a handler whose client vanished does not cut it short: its reader sees the
+    close and ends it as usual (pumps cancelled, the close logged and counted). Any other
+    cancellation (the server stopping) is passed on."""
+    connection = asyncio.ensure_future(ClientConnection(request.app[APP_STATE], request).run())
+    try:
+        return await asyncio.shield(connection)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if request.transport is not None or task is None:  # not the client: we are stopping
+            connection.cancel()
+            raise
+        task.uncancel()  # the client left; the connection ends (or has ended) by itself
+    try:
+        return await connection
+    except asyncio.CancelledError:  # cancelled a second time: the server is stopping
+        connection.cancel()
+        raise
+
 
 async def _responses(request: web.Request) -> web.StreamResponse:
     if request.method == "GET" and request.headers.get("Upgrade", "").lower() == "websocket":
-        return await ClientConnection(request.app[APP_STATE], request).run()
+        return await _websocket(request)
     if request.method == "POST":
         return await create_response(request)
     return await passthrough(request)

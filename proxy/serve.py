@@ -4,7 +4,9 @@ Drain, in order: `/healthz` answers 503 `draining` and every new request but /he
 /metrics gets 503 (the listener stays open so load balancers can see it); each WebSocket
 refuses new creates and closes with 1001 as soon as it has nothing in flight; at the end of
 `server.drain_grace_seconds` whatever is still running is cut and its socket closed with 1001.
-Then the listener closes and the process exits 0. A second signal cuts the grace short.
+A cut response ends with `response.failed` and an `error` (503 `server_shutting_down`);
+`POST /v1/responses` is waited for and cut the same way. Then the listener closes and the
+process exits 0. A second signal cuts the grace short.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from multiprocessing.process import BaseProcess
 
 from aiohttp import web
 
-from .app import create_app
+from .app import HANDLER_CANCELLATION, create_app
 from .config import Settings
 from .ops.middleware import OPS
 
@@ -32,7 +34,12 @@ _CLOSE_MARGIN = 5.0
 
 async def serve(settings: Settings) -> None:
     app = create_app(settings)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=_CLOSE_MARGIN)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        shutdown_timeout=_CLOSE_MARGIN,
+        handler_cancellation=HANDLER_CANCELLATION,
+    )
     await runner.setup()
     try:
         site = web.TCPSite(

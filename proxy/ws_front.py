@@ -19,7 +19,8 @@ waits on the write, so the upstream is not read meanwhile. A write blocked for
 
 Drain: `begin_drain` tells the session (which refuses further creates with 503
 `server_draining`), lets the responses in flight finish for the grace period, then closes the
-socket with 1001.
+socket with 1001; a response still running then first gets `response.failed` and an `error`
+with 503 `server_shutting_down` (`Session.drain_over`).
 """
 
 from __future__ import annotations
@@ -191,6 +192,8 @@ class ClientConnection:
                 await self._idle.wait()
         except TimeoutError:
             log.info("connection %s: drain grace over, cutting in-flight responses", self.id)
+            # each cut response ends with response.failed and an error before the 1001
+            await self._execute(self.session.drain_over())
         await self._close(WSCloseCode.GOING_AWAY, b"server shutting down")
 
     async def _close(self, code: int, reason: bytes) -> None:

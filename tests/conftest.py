@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from openai import AsyncOpenAI
-from wsmode.app import create_app
+from wsmode.app import HANDLER_CANCELLATION, create_app
 from wsmode.runtime import APP_STATE
 from wsmode.sidecar.app import SIDECAR, create_sidecar_app
 from wsmode.sim.app import SIM_STATE, create_sim_app
@@ -56,7 +56,7 @@ async def proxy_factory() -> AsyncIterator[Callable[..., Awaitable[Proxy]]]:
 
     async def make(upstream: str, **overrides: Any) -> Proxy:
         app = create_app(proxy_settings(upstream, **overrides))
-        served = await serve(app)
+        served = await serve(app, handler_cancellation=HANDLER_CANCELLATION)  # as serve.py
         started.append(served)
         return Proxy(served, app[APP_STATE])
 

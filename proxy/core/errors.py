@@ -98,6 +98,22 @@ class ServerDraining(ProxyError):
         )
 
 
+class ServerShuttingDown(ProxyError):
+    """The drain's grace ran out (SIGTERM, `server.drain_grace_seconds`) while a response was
+    still queued or in flight: it is cancelled upstream and fails, so the client knows to
+    send it again, on a new connection (to another instance)."""
+
+    status = 503
+    type = "server_error"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "The server shut down before this response finished; send it again on a new "
+            "connection.",
+            code="server_shutting_down",
+        )
+
+
 class ClientTooSlow(ProxyError):
     """The client read nothing for `server.send_timeout` while a response was being written:
     the response is cancelled upstream and fails, as an upstream failure would (PROTOCOL

@@ -89,6 +89,9 @@ STATUS_OF_CODE: Mapping[str, int] = MappingProxyType(
         "upstream_event_too_large": 502,
         "compaction_failed": 502,
         "upstream_overloaded": 503,
+        # the proxy itself stopping (core/errors.py)
+        "server_draining": 503,
+        "server_shutting_down": 503,
         "upstream_timeout": 504,
     }
 )

@@ -84,6 +84,7 @@ from .errors import (
     ClientTooSlow,
     ProxyError,
     ServerDraining,
+    ServerShuttingDown,
     UpstreamError,
     no_tool_call,
     previous_response_not_found,
@@ -232,6 +233,23 @@ class Session:
         """The server drains: every later `response.create` is refused (503
         `server_draining`); the runs already queued or in flight carry on."""
         self.draining = True
+
+    def drain_over(self) -> list[Action]:
+        """The drain's grace is over and the adapter is about to close: every run still
+        queued or in flight is cancelled upstream and fails with 503 `server_shutting_down`
+        (a `response.failed` first for one the client saw created), so that no response
+        ends without a terminal event. Queued runs never start."""
+        self.draining = True
+        self._queue.clear()  # nothing starts while the runs below end
+        out: list[Action] = []
+        for run in list(self._runs.values()):
+            if run.state in _IN_FLIGHT:
+                out.append(CancelUpstream(run.id))
+            if run.pinned is not None:
+                self.cache.unpin(run.pinned)
+                run.pinned = None
+            out += self._fail(run, ServerShuttingDown())
+        return out
 
     def client_gone(self) -> list[Action]:
         """The socket closed: abandon everything, cache included (PROTOCOL 4.5).

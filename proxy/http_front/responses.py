@@ -6,6 +6,13 @@ upstream when the parent was stored. What the client gets is built by
 `core.http_answer.HttpAnswer` from the session's events, as the sidecar builds its answers
 (PROTOCOL 8.1): Server-Sent Events for `stream: true`, otherwise the terminal response
 object; an error before the first event is an HTTP status and error body.
+
+A client that leaves gets its handler cancelled by aiohttp (`app.HANDLER_CANCELLATION`) or
+its next write fails; either way the upstream request is closed at once and the middleware
+counts the request as 499. The drain waits for an exchange like for a WebSocket; at the end
+of its grace the exchange is cut (`begin_drain`): the upstream request is closed between two
+batches of events and the response ends with `response.failed` and an `error` (503
+`server_shutting_down`), as an SSE stream or as the HTTP error.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from ..core.actions import (
 from ..core.errors import ClientError, ProxyError
 from ..core.http_answer import HttpAnswer
 from ..core.store import owner_of
-from ..ops.middleware import OPS, REQUEST_ID
+from ..ops.middleware import OPS, REQUEST_ID, client_left
 from ..ops.tracking import RunTracker
 from ..runtime import APP_STATE, AppState
 from ..upstream.runner import Abandon
@@ -68,19 +75,49 @@ class HttpExchange:
             request.get(REQUEST_ID),
         )
         self.upstream = state.channel(request.headers, label)
+        # the drain's cut (begin_drain): `cut` once asked for; `cuttable` while the handler
+        # waits on the upstream, not in the middle of writing a batch of events
+        self.task = asyncio.current_task()
+        self.cut = False
+        self.cuttable = False
+        self._cut_timer: asyncio.TimerHandle | None = None
 
     async def run(self, body: dict[str, Any], nbytes: int = 0) -> web.StreamResponse:
+        ops = self.request.app[OPS]
+        ops.register(self)
         try:
-            call = functools.partial(self.session.create, body)
-            await self.execute(self.tracker.feed(call, nbytes))
-            # one upstream request; twice on a native fallback or after a compaction's summary
-            while self.pending:
-                start = self.pending.pop(0)
-                self.running = start.run_id
-                trace = self.tracker.start(start) if isinstance(start, StartUpstream) else None
-                await self.upstream.run(self.session, start, self.execute, trace)
-        except ConnectionError:
-            self.session.client_gone()  # the client left; leaving pump closed the upstream
+            return await self._run(body, nbytes)
+        finally:
+            if self._cut_timer is not None:
+                self._cut_timer.cancel()
+            ops.unregister(self)
+
+    async def _run(self, body: dict[str, Any], nbytes: int) -> web.StreamResponse:
+        try:
+            try:
+                call = functools.partial(self.session.create, body)
+                await self._execute_batch(self.tracker.feed(call, nbytes))
+                # one upstream request; twice on a native fallback or after a summary
+                while self.pending and not self.cut:
+                    start = self.pending.pop(0)
+                    self.running = start.run_id
+                    trace = self.tracker.start(start) if isinstance(start, StartUpstream) else None
+                    self.cuttable = True
+                    try:
+                        await self.upstream.run(self.session, start, self._execute_batch, trace)
+                    finally:
+                        self.cuttable = False
+            except asyncio.CancelledError:
+                if not self.cut or client_left(self.request) or self.task is None:
+                    raise  # the client left (or the server is stopping)
+                self.task.uncancel()  # our own cut: the upstream request is closed
+            except Abandon:
+                pass  # a cut came while a batch was written: it took effect after it
+            if self.cut:
+                self.running = None
+                await self.execute(self.session.drain_over())
+        except (ConnectionError, asyncio.CancelledError):
+            self.session.client_gone()  # the client left; leaving the runner closed upstream
             raise
         if self.sse is not None:
             await self.sse.write_eof()
@@ -93,8 +130,39 @@ class HttpExchange:
             headers=dict(reply.headers),
         )
 
+    # ---- drain (called by Ops, like a WebSocket connection)
+
+    def begin_drain(self, grace: float) -> None:
+        if grace > 0:
+            if self._cut_timer is None:
+                self._cut_timer = asyncio.get_running_loop().call_later(grace, self._cut)
+            return
+        self._cut()  # a second signal: cut now
+
+    def queued_creates(self) -> int:
+        return self.session.queued_count
+
+    def _cut(self) -> None:
+        if self.cut:
+            return
+        self.cut = True
+        log.info("http %s: drain grace over, cutting the response", self.request.remote)
+        if self.cuttable and self.task is not None:
+            self.task.cancel()  # leaves the upstream stream, which closes its request
+
+    async def _execute_batch(self, actions: list[Action]) -> None:
+        """`execute` for the runner: a batch is written whole; a cut that came meanwhile
+        takes effect after it (Abandon makes the runner leave the stream)."""
+        was, self.cuttable = self.cuttable, False
+        try:
+            await self.execute(actions)
+        finally:
+            self.cuttable = was
+        if self.cut:
+            raise Abandon
+
     async def execute(self, actions: list[Action]) -> None:
-        """Execute the session's actions in order (the runner's `execute` too)."""
+        """Execute the session's actions in order."""
         frames: list[bytes] = []
         abandon = False
         for action in actions:

@@ -10,7 +10,9 @@
    socket is ever opened only to be shed;
 5. metrics per request (route template, method, status) and per WebSocket connection
    (open gauge, close-code class when it ends);
-6. an exception that escapes a handler is a bug: logged with its traceback, counted, 500.
+6. a client that leaves before its answer is complete (its handler is cancelled, or a write
+   to it fails) is ordinary: one INFO line, status 499 in the metrics, no traceback;
+7. an exception that escapes a handler is a bug: logged with its traceback, counted, 500.
 """
 
 from __future__ import annotations
@@ -41,8 +43,18 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
 _OPEN_ROUTES = frozenset({"/healthz", "/metrics"})
 
 
+# nginx's "client closed request": the status label of a request whose client left first
+CLIENT_CLOSED = 499
+
+
+def client_left(request: web.Request) -> bool:
+    """The client's connection is gone: it closed or reset it (or is closing)."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
 class Drainable(Protocol):
-    """A long-lived connection the drain must wait for (a WebSocket, for now)."""
+    """What the drain must wait for and may cut: a WebSocket, a POST /v1/responses."""
 
     def begin_drain(self, grace: float) -> None: ...
 
@@ -63,15 +75,16 @@ class Ops:
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
     # ---- connection registry (drain and scrape-time gauges)
-    def register(self, conn: Drainable, cache: ResponseCache) -> None:
+    def register(self, conn: Drainable, cache: ResponseCache | None = None) -> None:
         self.connections.add(conn)
-        self.caches.add(cache)
+        if cache is not None:
+            self.caches.add(cache)
         if self.draining:
             conn.begin_drain(self.settings.server.drain_grace_seconds)
 
-    def unregister(self, conn: Drainable, cache: ResponseCache) -> None:
+    def unregister(self, conn: Drainable, cache: ResponseCache | None = None) -> None:
         self.connections.discard(conn)
-        if cache in self.caches:
+        if cache is not None and cache in self.caches:
             self.caches.discard(cache)
             totals = self.metrics.cache_totals
             totals.hits += cache.hits
@@ -91,7 +104,7 @@ class Ops:
         grace = self.settings.server.drain_grace_seconds
         log.info(
             "draining: %d connections, %d HTTP requests in flight, grace %gs",
-            len(self.connections),
+            self.ws_open,  # `connections` holds the POST /v1/responses in flight too
             self.http_inflight,
             grace,
         )
@@ -144,6 +157,14 @@ async def ops_middleware(request: web.Request, handler: Handler) -> web.StreamRe
     except web.HTTPException as exc:
         status = exc.status
         raise
+    except (ConnectionError, asyncio.CancelledError) as exc:
+        if not client_left(request):
+            raise  # a server shutting down cancels handlers too; anything else is a bug
+        status = CLIENT_CLOSED
+        log.info("%s %s: the client left before its answer was complete", request.method, route)
+        if isinstance(exc, asyncio.CancelledError):
+            raise  # aiohttp cancelled the handler for it: let the cancellation finish
+        return web.Response(status=CLIENT_CLOSED)  # nobody will read it; aiohttp drops it
     finally:
         m.http_requests.labels(route, request.method, str(status)).inc()
         request_id_var.reset(token)

@@ -15,9 +15,11 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from ..config import Settings, UpstreamSettings
 from ..core import wire
+from ..ops.middleware import CLIENT_CLOSED, client_left
 from ..upstream.client import UpstreamClient
 from ..upstream.passthrough import relay_http
 from .chains import ChainMemory
@@ -92,6 +94,22 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         return exchange.response
 
 
+@web.middleware
+async def _client_leaving(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A client that left mid-answer (a write to it failed) is ordinary, not a traceback:
+    what it held upstream (a socket, a request) was closed as its handler unwound. (When
+    aiohttp cancels the handler instead, the cancellation ends it quietly.)"""
+    try:
+        return await handler(request)
+    except ConnectionError:
+        if not client_left(request):
+            raise
+        log.info(
+            "%s %s: the client left before its answer was complete", request.method, request.path
+        )
+        return web.Response(status=CLIENT_CLOSED)
+
+
 async def _over_http(
     request: web.Request, state: SidecarState, raw: bytes, why: str
 ) -> web.StreamResponse:
@@ -122,7 +140,7 @@ def create_sidecar_app(settings: Settings) -> web.Application:
     sc = settings.sidecar
     if not sc.upstream:
         raise ValueError("the sidecar needs an upstream URL")
-    app = web.Application(client_max_size=sc.max_request_bytes)
+    app = web.Application(client_max_size=sc.max_request_bytes, middlewares=[_client_leaving])
     http_settings = UpstreamSettings(
         url=sc.upstream,
         connect_timeout=sc.connect_timeout,

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from wsmode.core.sse import SSEDecoder
 from wsmode.ops.middleware import OPS
 
 from tests.helpers import (
@@ -107,16 +108,60 @@ async def test_grace_over_cuts_in_flight_and_exits_0(
         await wait_healthy(f"http://127.0.0.1:{port}")
         async with connect(f"ws://127.0.0.1:{port}/v1/responses") as ws:
             await send(ws, create(input="x", metadata={"sim_fault": "stall:3"}))
-            await recv(ws)
+            seen = [await recv(ws)]
             proc.send_signal(signal.SIGTERM)
             with pytest.raises(ConnectionClosed):
                 while True:
-                    await asyncio.wait_for(ws.recv(), seconds(10))
+                    seen.append(json.loads(await asyncio.wait_for(ws.recv(), seconds(10))))
             assert ws.close_code == 1001
+        # the cut response ended with its terminal event and an error before the close
+        failed, error = seen[-2:]
+        assert failed["type"] == "response.failed"
+        assert failed["response"]["error"]["code"] == "server_shutting_down"
+        assert error["type"] == "error" and error["status"] == 503
+        assert error["error"]["code"] == "server_shutting_down"
+        numbers = [e["sequence_number"] for e in seen]
+        assert numbers == list(range(len(seen)))  # nothing lost in between
         await asyncio.to_thread(proc.communicate, timeout=seconds(20))
         assert proc.returncode == 0
     await until(lambda: sim.state.cancelled == 1)  # the stalled upstream request was closed
     assert sim.state.cancelled == 1
+
+
+async def test_grace_over_cuts_http_responses_with_a_terminal_event(
+    sim_factory: Callable[..., Awaitable[Sim]],
+) -> None:
+    """POST /v1/responses cut by the drain: a stream ends with response.failed and an SSE
+    error, a request without stream gets the 503; both upstream requests are closed."""
+    sim = await sim_factory(ttft_ms=0, tokens_per_second=0)
+    port = free_port()
+    env = {"WSMODE_SERVER_DRAIN_GRACE_SECONDS": str(seconds(0.5))}
+    url = f"http://127.0.0.1:{port}/v1/responses"
+    stalled = {"model": "sim", "input": "x", "metadata": {"sim_fault": "stall:3"}}
+    with running(["serve", "--port", str(port), "--upstream", sim.url], env) as proc:
+        await wait_healthy(f"http://127.0.0.1:{port}")
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url, json={**stalled, "stream": True}) as streaming:
+                assert streaming.status == 200
+                first = await streaming.content.readuntil(b"\n\n")
+                assert first.startswith(b"event: response.created")
+                plain = asyncio.create_task(http.post(url, json=stalled))
+                await until(lambda: sim.state.active == 2)
+                proc.send_signal(signal.SIGTERM)
+                rest = await asyncio.wait_for(streaming.content.read(), seconds(10))
+            async with await plain as answer:
+                status, doc = answer.status, await answer.json()
+        await asyncio.to_thread(proc.communicate, timeout=seconds(20))
+        assert proc.returncode == 0
+    events = SSEDecoder(1 << 20).feed(first + rest)
+    assert [e.event for e in events[-2:]] == ["response.failed", "error"]
+    failed, error = (json.loads(e.data) for e in events[-2:])
+    assert failed["response"]["error"]["code"] == "server_shutting_down"
+    assert error["code"] == "server_shutting_down"
+    assert [json.loads(e.data)["sequence_number"] for e in events] == list(range(len(events)))
+    assert status == 503 and doc["error"]["code"] == "server_shutting_down"
+    await until(lambda: sim.state.cancelled == 2)  # both stalled upstream requests were closed
+    assert sim.state.cancelled == 2 and sim.state.active == 0
 
 
 def test_check_config_prints_effective_settings_redacted(tmp_path: object) -> None:

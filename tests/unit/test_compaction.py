@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import orjson
@@ -70,6 +71,16 @@ def test_tampered_items_are_invalid_encrypted_content(mutate: Any) -> None:
         open_item(SEALER, item, "owner-a")
     err = info.value
     assert (err.status, err.code, err.param) == (400, "invalid_encrypted_content", "input")
+
+
+def test_an_item_of_the_version_1_seal_is_invalid_encrypted_content() -> None:
+    """Items sealed by earlier wsmode builds (0x01, 24-byte nonce, 32-byte tag) are refused
+    with the documented error: the client compacts again."""
+    old = base64.urlsafe_b64encode(b"\x01" + bytes(24) + b"{}" + bytes(32)).rstrip(b"=")
+    item = {"id": "cmp_1", "type": "compaction", "encrypted_content": old.decode()}
+    with pytest.raises(ClientError, match="version 1, sealed by an earlier wsmode") as info:
+        open_item(SEALER, item, "owner-a")
+    assert (info.value.status, info.value.code) == (400, "invalid_encrypted_content")
 
 
 def test_other_credential_or_key_cannot_open() -> None:

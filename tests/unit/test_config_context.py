@@ -15,7 +15,8 @@ KEY = base64.b64encode(bytes(range(32))).decode()
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"compaction.key": "%%%"}, "compaction.key: the key is not valid base64"),
+        ({"compaction.key": "%%%"}, "compaction.key: the key is not standard base64"),
+        ({"compaction.key": bytes(range(32)).hex()}, "compaction.key: the key looks like 64 hex"),
         ({"compaction.key": base64.b64encode(bytes(8)).decode()}, "compaction.key: the key must"),
         ({"compaction.keep_recent_fraction": 1.0}, "keep_recent_fraction"),
         ({"compaction.summary_max_output_tokens": 0}, "summary_max_output_tokens"),

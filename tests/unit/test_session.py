@@ -901,6 +901,38 @@ def test_draining_refuses_creates_but_the_runs_already_there_finish() -> None:
     assert the_start(out).run_id == 2  # the queued run still starts
 
 
+def test_drain_over_fails_every_run_in_flight_or_queued_and_starts_nothing() -> None:
+    s = make_session()
+    streaming = the_start(create(s, stream_id="a"))
+    waiting = the_start(create(s, stream_id="b"))  # sent upstream, no event yet
+    assert create(s, stream_id="a") == [RunCreated(3)]  # queued behind the first
+    feed(s, streaming.run_id, [created("resp_1"), delta(1)])
+    s.begin_drain()
+    out = s.drain_over()
+    cancels = [a for a in out if isinstance(a, CancelUpstream)]
+    assert cancels == [CancelUpstream(streaming.run_id), CancelUpstream(waiting.run_id)]
+    assert starts(out) == []  # the queued run never starts
+    events = sends(out)
+    message = (
+        "The server shut down before this response finished; send it again on a new connection."
+    )
+    # the response the client saw created gets its terminal event, then the error
+    failed, error_a = events[0], events[1]
+    assert failed["type"] == "response.failed" and failed["sequence_number"] == 2
+    assert failed["response"]["error"] == {"code": "server_shutting_down", "message": message}
+    assert failed["stream_id"] == "a"
+    assert error_a["status"] == 503 and error_a["sequence_number"] == 3
+    assert error_a["error"]["code"] == "server_shutting_down"
+    # the others had no event yet: the error alone, on their lanes
+    assert [(e["type"], e.get("stream_id"), e["error"]["code"]) for e in events[2:]] == [
+        ("error", "b", "server_shutting_down"),
+        ("error", "a", "server_shutting_down"),
+    ]
+    assert sorted(f.outcome for f in finished(out)) == ["failed"] * 3
+    assert s.active_count == 0 and s.queued_count == 0
+    assert s.drain_over() == []  # nothing is left
+
+
 def test_client_stalled_fails_the_response_cancels_upstream_and_frees_the_lane() -> None:
     s = make_session()
     start = the_start(create(s, stream_id="a"))
