@@ -166,7 +166,9 @@ async def _guarded(
         if upgrade:
             m.connections_rejected.labels(refusal.reason).inc()
         log.warning("refused %s %s: %s", request.method, route, refusal.code)
-        return _error(403, refusal.message, refusal.code, "invalid_request_error")
+        refused = _error(403, refusal.message, refusal.code, "invalid_request_error")
+        refused.force_close()
+        return refused
     if request.method == "OPTIONS":  # answered here, never forwarded upstream
         return web.Response(status=204, headers=ops.site.preflight_headers(request.headers))
     if request.path in _OPEN_ROUTES:
@@ -194,12 +196,14 @@ async def _guarded(
     if upgrade and limit and ops.ws_open >= limit:
         m.connections_rejected.labels("limit").inc()
         log.warning("connection refused: %d WebSocket connections open (limit)", ops.ws_open)
-        return _error(
+        full = _error(
             503,
             f"The proxy has reached its limit of {limit} connections; retry later.",
             "too_many_connections",
             "server_error",
         )
+        full.force_close()  # its descriptor is what is short: do not keep it alive
+        return full
     if upgrade:
         ops.ws_open += 1
         m.open_connections.inc()
