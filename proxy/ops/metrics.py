@@ -131,6 +131,12 @@ class Metrics:
             "Responses cancelled because the client stopped reading for server.send_timeout.",
             registry=r,
         )
+        self.client_messages_throttled = Counter(
+            "wsmode_client_messages_throttled",
+            "Client messages read late: their connection was past server.max_frames_per_second "
+            "or server.max_bytes_per_second.",
+            registry=r,
+        )
         self.usage_records = Counter(
             "wsmode_usage_records",
             "Usage records by result (written, dropped: queue full, failed: sink error).",
