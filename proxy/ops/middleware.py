@@ -37,6 +37,7 @@ from ..logs import request_id_var
 from .auth import Authenticator
 from .metrics import CONTENT_TYPE, Metrics, cache_families, close_class
 from .origin import SitePolicy
+from .origin import refused as site_refused
 from .usage import UsageSink
 
 log = logging.getLogger("wsmode.ops")
@@ -166,9 +167,7 @@ async def _guarded(
         if upgrade:
             m.connections_rejected.labels(refusal.reason).inc()
         log.warning("refused %s %s: %s", request.method, route, refusal.code)
-        refused = _error(403, refusal.message, refusal.code, "invalid_request_error")
-        refused.force_close()
-        return refused
+        return site_refused(refusal)
     if request.method == "OPTIONS":  # answered here, never forwarded upstream
         return web.Response(status=204, headers=ops.site.preflight_headers(request.headers))
     if request.path in _OPEN_ROUTES:

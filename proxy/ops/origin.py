@@ -26,7 +26,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
 from ..config import ServerSettings
+from ..core import wire
 
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 _CROSS = frozenset({"cross-site", "same-site"})
@@ -181,3 +185,40 @@ class SitePolicy:
 
 def is_preflight(headers: Mapping[str, str], method: str) -> bool:
     return method == "OPTIONS" and "Access-Control-Request-Method" in headers
+
+
+def refused(refusal: Refusal) -> web.Response:
+    """The 403 answer to a refused request; its connection is not kept alive."""
+    body = {
+        "error": {
+            "type": "invalid_request_error",
+            "code": refusal.code,
+            "message": refusal.message,
+            "param": None,
+        }
+    }
+    answer = web.Response(status=403, body=wire.dumps(body), content_type="application/json")
+    answer.force_close()
+    return answer
+
+
+def install_site_policy(app: web.Application, policy: SitePolicy) -> None:
+    """The policy as its own middleware and CORS headers, for an app without the ops
+    middleware (the sidecar, which takes plain HTTP from local clients too)."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        refusal = policy.refusal(request.headers, request.method)
+        if refusal is not None:
+            return refused(refusal)
+        if request.method == "OPTIONS":
+            return web.Response(status=204, headers=policy.preflight_headers(request.headers))
+        return await handler(request)
+
+    async def cors(request: web.Request, response: web.StreamResponse) -> None:
+        if "Origin" in request.headers:
+            response.headers.update(policy.cors_headers(request.headers))
+
+    middleware: Middleware = guard
+    app.middlewares.insert(0, middleware)
+    app.on_response_prepare.append(cors)

@@ -235,3 +235,24 @@ async def test_native_clients_send_no_origin_and_keep_working(
         assert (await until_terminal(ws))[-1]["type"] == "response.completed"
     status, body = await post_responses(proxy, {"model": "sim", "input": "hi", "store": False})
     assert status == 200 and body["status"] == "completed"
+
+
+async def test_the_sidecar_has_the_same_policy(
+    proxy: Proxy, sim: Sim, sidecar_factory: Any
+) -> None:
+    """The sidecar takes plain HTTP from local clients too: a page must not use it."""
+    sidecar = await sidecar_factory(proxy.http)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{sidecar.http}/responses", data=BODY, headers=BROWSER_POST) as r:
+            assert r.status == 403
+            assert error_of(await r.read())["code"] == "origin_not_allowed"
+        rebound = {"Host": "attacker.example"}
+        async with http.get(f"{sidecar.served.base}/healthz", headers=rebound) as r:
+            assert r.status == 403
+        async with http.options(f"{sidecar.http}/models", headers=PREFLIGHT) as r:
+            assert r.status == 403
+        json_post = {"Content-Type": "application/json"}
+        async with http.post(f"{sidecar.http}/responses", data=BODY, headers=json_post) as r:
+            assert r.status == 200  # a native client
+            assert (await r.json())["status"] == "completed"
+    assert len(sim.state.requests) == 1
