@@ -323,7 +323,7 @@ def soak(
 @click.argument(
     "scenarios",
     nargs=-1,
-    type=click.Choice(["agent-loop", "overhead", "relay", "scale"]),
+    type=click.Choice(["agent-loop", "overhead", "relay", "scale", "fairness"]),
 )
 @click.option("--quick", is_flag=True, help="A smaller run, within a minute.")
 @click.option("--smoke", is_flag=True, hidden=True, help="The tiniest run (for the tests).")
