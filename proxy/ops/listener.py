@@ -27,30 +27,36 @@ _LONGEST_PAUSE = 1.0
 
 
 class _AcceptServer(asyncio.AbstractServer):
-    """What aiohttp's runner needs of a server (`sockets`, `close`): one listening socket
-    and the task that accepts on it."""
+    """What aiohttp's runner needs of a server (`sockets`, `close`): the listening sockets
+    (one per address of the host, as `loop.create_server` binds) and a task accepting on
+    each."""
 
-    def __init__(self, sock: socket.socket, factory: web.Server) -> None:
-        self._sock = sock
-        self._task = asyncio.create_task(self._accept(factory), name="wsmode-accept")
+    def __init__(self, socks: list[socket.socket], factory: web.Server) -> None:
+        self._socks = socks
+        self._tasks = [
+            asyncio.create_task(self._accept(sock, factory), name="wsmode-accept") for sock in socks
+        ]
 
     @property
     def sockets(self) -> tuple[socket.socket, ...]:
-        return (self._sock,)
+        return tuple(self._socks)
 
     def close(self) -> None:
-        self._task.cancel()
-        self._sock.close()
+        for task in self._tasks:
+            task.cancel()
+        for sock in self._socks:
+            sock.close()
 
     async def wait_closed(self) -> None:
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def is_serving(self) -> bool:
-        return not self._task.done()
+        return any(not task.done() for task in self._tasks)
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
-        return self._task.get_loop()
+        return self._tasks[0].get_loop()
 
     async def start_serving(self) -> None:
         pass  # serving since it was made
@@ -58,12 +64,13 @@ class _AcceptServer(asyncio.AbstractServer):
     async def serve_forever(self) -> None:
         await self.wait_closed()
 
-    async def _accept(self, factory: web.Server) -> None:
+    @staticmethod
+    async def _accept(sock: socket.socket, factory: web.Server) -> None:
         loop = asyncio.get_running_loop()
         pause = _FIRST_PAUSE
         while True:
             try:
-                conn, _ = await loop.sock_accept(self._sock)
+                conn, _ = await loop.sock_accept(sock)
             except OSError as exc:
                 if exc.errno in OUT_OF_RESOURCES:
                     log.warning(
@@ -112,15 +119,21 @@ class Listener(web.BaseSite):
         infos = await loop.getaddrinfo(
             self._host or None, self._port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )
-        family, _, _, _, address = infos[0]
-        sock = socket.create_server(
-            address[:2],
-            family=family,
-            backlog=self._backlog,
-            reuse_port=self._reuse_port,
-        )
-        sock.setblocking(False)
-        self._accept = _AcceptServer(sock, server)
+        # every address of the host, once each (getaddrinfo repeats them per protocol)
+        addresses = dict.fromkeys((family, sockaddr[:2]) for family, *_, sockaddr in infos)
+        socks: list[socket.socket] = []
+        try:
+            for family, address in addresses:
+                sock = socket.create_server(
+                    address, family=family, backlog=self._backlog, reuse_port=self._reuse_port
+                )  # an AF_INET6 socket is IPV6_V6ONLY: "::" and "0.0.0.0" may both be bound
+                sock.setblocking(False)
+                socks.append(sock)
+        except OSError:
+            for sock in socks:
+                sock.close()
+            raise
+        self._accept = _AcceptServer(socks, server)
         self._server = self._accept
 
     async def stop(self) -> None:
