@@ -72,7 +72,7 @@ class Metrics:
         )
         self.connections_rejected = Counter(
             "wsmode_connections_rejected",
-            "WebSocket upgrades refused, by reason (limit, draining, auth).",
+            "WebSocket upgrades refused, by reason (limit, draining, auth, origin, host).",
             ["reason"],
             registry=r,
         )
