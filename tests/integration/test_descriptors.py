@@ -9,7 +9,7 @@ import asyncio
 import resource
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -18,7 +18,17 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
-from tests.helpers import create, free_port, seconds, send, until, until_terminal, wait_healthy
+from tests.helpers import (
+    Proxy,
+    Sim,
+    create,
+    free_port,
+    seconds,
+    send,
+    until,
+    until_terminal,
+    wait_healthy,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_NOFILE is POSIX")
 
@@ -152,3 +162,23 @@ async def test_out_of_descriptors_the_proxy_backs_off_and_recovers(tmp_path: Pat
     text = log.read_text()
     assert "cannot accept connections" in text  # the limit was really reached
     assert len(text.splitlines()) < 40, text[:4000]
+
+
+async def test_a_refused_upgrade_does_not_keep_its_connection(
+    sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]]
+) -> None:
+    """At the connection limit a descriptor is what is short: the 503 closes its socket
+    instead of keeping it alive for another request (so does a 403 for a foreign origin)."""
+    proxy = await proxy_factory(sim.url, server__max_connections=1)
+    upgrade = (
+        "GET /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        "Sec-WebSocket-Version: 13\r\n{extra}\r\n"
+    )
+    async with connect(proxy.ws):
+        for extra, status in (("", b"503"), ("Origin: https://evil.example\r\n", b"403")):
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.served.port)
+            writer.write(upgrade.format(extra=extra).encode())
+            answer = await asyncio.wait_for(reader.read(), seconds(10))  # to EOF
+            assert answer.split(b"\r\n", 1)[0].split(b" ")[1] == status
+            writer.close()
