@@ -106,7 +106,11 @@ def serve(
             **_parse_sets(sets),
         },
     )
-    configure(settings.server.log_level, settings.server.log_format)
+    configure(
+        settings.server.log_level,
+        settings.server.log_format,
+        settings.server.log_repeat_limit,
+    )
     _check_runtime(settings)
     click.echo(
         f"wsmode {__version__} listening on ws://{settings.server.host}:{settings.server.port}"
@@ -214,6 +218,7 @@ def sidecar(
         print=None,
         access_log=None,
         handler_cancellation=True,
+        keepalive_timeout=settings.server.header_timeout or 3630.0,  # slow request heads
     )
 
 
@@ -318,7 +323,7 @@ def soak(
 @click.argument(
     "scenarios",
     nargs=-1,
-    type=click.Choice(["agent-loop", "overhead", "relay", "scale"]),
+    type=click.Choice(["agent-loop", "overhead", "relay", "scale", "fairness"]),
 )
 @click.option("--quick", is_flag=True, help="A smaller run, within a minute.")
 @click.option("--smoke", is_flag=True, hidden=True, help="The tiniest run (for the tests).")

@@ -35,6 +35,9 @@ SECRET = {"secret": True}  # field metadata: never printed by `wsmode check-conf
 LOG_FORMATS = ("text", "json")
 
 
+_ORIGIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#\s]+$")
+
+
 class ConfigError(ValueError):
     pass
 
@@ -57,6 +60,14 @@ class ServerSettings:
     metrics: bool = True  # serve Prometheus metrics on /metrics
     workers: int = 1  # processes sharing the port (SO_REUSEPORT); state and limits per worker
     reuse_port: bool = False  # let several processes listen on the port (workers set it)
+    # ---- hardening (issue 11): cross-site use, descriptors, one client's share of the loop
+    allowed_origins: tuple[str, ...] = ()  # browser origins allowed in; others get 403
+    cors_origins: tuple[str, ...] = ()  # origins that also get CORS headers and preflights
+    allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides loopback ones
+    header_timeout: float = 30.0  # a request's headers must arrive within this; idle too
+    max_frames_per_second: float = 1000.0  # per connection; past it its reading slows; 0: off
+    max_bytes_per_second: int = 64 * MiB  # per connection, the same for bytes; 0: off
+    log_repeat_limit: int = 20  # WARNING+ lines per message per 10 s, then suppressed; 0: off
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +309,12 @@ def _validate(s: Settings) -> None:
         raise ConfigError("usage.queue_size and usage.batch_size must be at least 1")
     if s.server.workers < 1:
         raise ConfigError("server.workers must be at least 1")
+    for origin in (*s.server.allowed_origins, *s.server.cors_origins):
+        if origin != "*" and not _ORIGIN.match(origin):
+            raise ConfigError(
+                f"server.allowed_origins/cors_origins: {origin!r} is not an origin "
+                "(scheme://host[:port], no path) nor '*'"
+            )
     if s.server.outbound_buffer_bytes < 1024:
         raise ConfigError("server.outbound_buffer_bytes must be at least 1024")
     for key in ("max_queued_bytes_per_connection", "process_max_bytes"):

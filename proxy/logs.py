@@ -6,6 +6,11 @@ belongs to (`request_id_var`, set by the ops middleware and inherited by every t
 starts). Payloads are never logged, only event types and sizes; credentials are never logged
 either, and as a second line of defence a filter masks anything shaped like a bearer token or
 an API key before a record is written.
+
+A fault that repeats (a process out of descriptors, an upstream that is down) must not fill
+the disk: a WARNING or worse line is written at most `server.log_repeat_limit` times per
+10 seconds per message template (`RepeatFilter`); the next one written after that says how
+many were left out.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Callable
 from contextvars import ContextVar
+from dataclasses import dataclass
 
 from .core import wire
 
@@ -54,6 +61,54 @@ class ContextFilter(logging.Filter):
         return True
 
 
+@dataclass(slots=True)
+class _Window:
+    start: float
+    written: int = 1
+    dropped: int = 0
+
+
+class RepeatFilter(logging.Filter):
+    """At most `limit` records of WARNING or above per message template (logger, level,
+    unformatted message) in each `window` seconds; the others are dropped and counted, and
+    the first record let through afterwards carries the count. Below WARNING nothing is
+    dropped: one line per connection or response is bounded by the work itself."""
+
+    MAX_KEYS = 1024  # templates tracked (they are few; a flood of distinct ones is a bug)
+
+    def __init__(
+        self, limit: int, window: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.limit = limit
+        self.window = window
+        self.clock = clock
+        self._seen: dict[tuple[str, int, str], _Window] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.limit <= 0 or record.levelno < logging.WARNING:
+            return True
+        key = (record.name, record.levelno, str(record.msg))
+        now = self.clock()
+        seen = self._seen.get(key)
+        if seen is not None and now - seen.start < self.window:
+            if seen.written < self.limit:
+                seen.written += 1
+                return True
+            seen.dropped += 1
+            return False
+        if seen is None and len(self._seen) >= self.MAX_KEYS:
+            del self._seen[next(iter(self._seen))]  # the oldest template
+        self._seen[key] = _Window(now)
+        if seen is not None and seen.dropped:
+            record.msg = (
+                f"{record.getMessage()} [{seen.dropped} more like this left out of the log "
+                f"in the last {self.window:g} s]"
+            )
+            record.args = None
+        return True
+
+
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -83,9 +138,10 @@ class JsonFormatter(logging.Formatter):
         return wire.dumps(doc).decode()
 
 
-def configure(level: str = "INFO", fmt: str = "text") -> None:
+def configure(level: str = "INFO", fmt: str = "text", repeat_limit: int = 20) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(RepeatFilter(repeat_limit))
     handler.addFilter(ContextFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

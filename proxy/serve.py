@@ -7,6 +7,12 @@ refuses new creates and closes with 1001 as soon as it has nothing in flight; at
 A cut response ends with `response.failed` and an `error` (503 `server_shutting_down`);
 `POST /v1/responses` is waited for and cut the same way. Then the listener closes and the
 process exits 0. A second signal cuts the grace short.
+
+Descriptors: `server.max_connections` is first fitted to the descriptor limit
+(`ops/descriptors.py`); the listener's accept loop pauses when descriptors run out anyway
+(`ops/listener.py`); a connection that does not send a complete request head within
+`server.header_timeout` is closed (aiohttp's keep-alive timer, which also runs before the
+first request).
 """
 
 from __future__ import annotations
@@ -24,29 +30,40 @@ from aiohttp import web
 
 from .app import HANDLER_CANCELLATION, create_app
 from .config import Settings
+from .ops import descriptors
+from .ops.listener import Listener
 from .ops.middleware import OPS
 
 log = logging.getLogger("wsmode")
 
 # After the grace: time for the 1001 closing handshakes and the last HTTP responses.
 _CLOSE_MARGIN = 5.0
+_AIOHTTP_KEEPALIVE = 3630.0  # aiohttp's own default, for server.header_timeout = 0
 
 
 async def serve(settings: Settings) -> None:
+    fitted = descriptors.budget(settings)
+    if fitted.warning:
+        log.warning("%s", fitted.warning)
+    settings = dataclasses.replace(
+        settings,
+        server=dataclasses.replace(settings.server, max_connections=fitted.connections),
+    )
     app = create_app(settings)
     runner = web.AppRunner(
         app,
         access_log=None,
         shutdown_timeout=_CLOSE_MARGIN,
         handler_cancellation=HANDLER_CANCELLATION,
+        keepalive_timeout=settings.server.header_timeout or _AIOHTTP_KEEPALIVE,
     )
     await runner.setup()
     try:
-        site = web.TCPSite(
+        site = Listener(
             runner,
             settings.server.host,
             settings.server.port,
-            reuse_port=settings.server.reuse_port or None,
+            reuse_port=settings.server.reuse_port,
         )
         await site.start()
         stop = asyncio.Event()
@@ -87,7 +104,11 @@ def run(settings: Settings) -> int:
 def _worker(settings: Settings) -> None:
     from .logs import configure
 
-    configure(settings.server.log_level, settings.server.log_format)
+    configure(
+        settings.server.log_level,
+        settings.server.log_format,
+        settings.server.log_repeat_limit,
+    )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor forwards SIGTERM instead
     asyncio.run(serve(settings))
 

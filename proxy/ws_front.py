@@ -52,6 +52,7 @@ from .core.actions import (
 from .core.ids import new_id
 from .core.store import owner_of
 from .ops.middleware import CLOSE_CODE, OPS, REQUEST_ID
+from .ops.throttle import ReadRate
 from .ops.tracking import RunTracker
 from .runtime import AppState
 from .upstream.runner import Abandon
@@ -205,8 +206,20 @@ class ClientConnection:
 
     async def _read(self) -> None:
         ws = self.ws
+        loop = asyncio.get_running_loop()
+        s = self.state.settings.server
+        rate = ReadRate(
+            s.max_frames_per_second, s.max_bytes_per_second, s.max_message_bytes, loop.time()
+        )
         async for msg in ws:
             if msg.type is WSMsgType.TEXT:
+                # past its read rate a connection waits here, and so stops being read;
+                # within it, it still lets other connections run between its messages
+                # (aiohttp hands over a queue of them without ever suspending)
+                wait = rate.wait(len(msg.data), loop.time())
+                if wait > 0:
+                    self.ops.metrics.client_messages_throttled.inc()
+                await asyncio.sleep(wait)
                 await self._on_text(msg.data)
             elif msg.type is WSMsgType.BINARY:
                 # PROTOCOL 1: text frames only; RFC 6455 1003 = data it cannot accept

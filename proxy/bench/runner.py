@@ -13,13 +13,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import agent, overhead, relay, report, scale
+from . import agent, fairness, overhead, relay, report, scale
 from .agent import AgentProfile, Cell
 from .link import NetemNamespace, probe_netem
 from .procs import BenchError
 from .relay import RelayPlan
 
-SCENARIOS = ("agent-loop", "overhead", "relay", "scale")
+SCENARIOS = ("agent-loop", "overhead", "relay", "scale", "fairness")
 KIB = 1024
 
 
@@ -38,6 +38,7 @@ class Plan:
     scale: tuple[int, ...] = (1000, 5000)
     conversation_bytes: int = 100 * KIB
     store_sizes: tuple[int, int] = (1_000, 100_000)  # a small and a full response store
+    fairness: tuple[int, int] = (40, 3)  # turns per phase, alone/flooded repetitions
 
     def cells(self) -> list[Cell]:
         out = [Cell(*self.main, self.main_reps)]
@@ -58,6 +59,7 @@ QUICK = Plan(
     samples=(40, 40, 30, 20),
     relay=RelayPlan(fast_events=60_000, paced_seconds=1.0, latency_runs=2),
     scale=(1000,),
+    fairness=(20, 2),
 )
 SMOKE = Plan(  # the end-to-end test: every scenario, as small as it gets
     "smoke",
@@ -80,6 +82,7 @@ SMOKE = Plan(  # the end-to-end test: every scenario, as small as it gets
     scale=(20,),
     conversation_bytes=10 * KIB,
     store_sizes=(100, 2_000),
+    fairness=(3, 1),
 )
 PLANS = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 
@@ -105,6 +108,8 @@ def _method(plan: Plan, link: str, relay_loop: str) -> dict[str, Any]:
         f"wsmode event loop: {relay_loop}",
         "scale": "wsmode VmRSS after warm-up, after opening N idle sockets, after one 100 KB "
         "turn each (store: false)",
+        "fairness": "another client's turns, one at a time, alone and while a separate process "
+        "floods its own socket with small frames, interleaved; p50 flooded / p50 alone",
         "speed_ratio": "HTTP direct time / WebSocket-mode time (1.40x = 40% faster; "
         "time saved = 1 - 1/ratio)",
     }
@@ -186,6 +191,8 @@ async def run(
             results[name] = await relay.run(replace(plan.relay, loop=relay_loop), log)
         elif name == "scale":
             results[name] = await scale.run(list(plan.scale), plan.conversation_bytes, log)
+        elif name == "fairness":
+            results[name] = await fairness.run(*plan.fairness, log)
         log(f"  ({time.monotonic() - t0:.0f} s)")
     results["method"] = _method(plan, link_method, relay_loop)
     # other processes on the machine skew throughput and tail latency; say how busy it was

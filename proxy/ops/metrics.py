@@ -73,7 +73,7 @@ class Metrics:
         )
         self.connections_rejected = Counter(
             "wsmode_connections_rejected",
-            "WebSocket upgrades refused, by reason (limit, draining, auth).",
+            "WebSocket upgrades refused, by reason (limit, draining, auth, origin, host).",
             ["reason"],
             registry=r,
         )
@@ -130,6 +130,12 @@ class Metrics:
         self.slow_client_cancellations = Counter(
             "wsmode_slow_client_cancellations",
             "Responses cancelled because the client stopped reading for server.send_timeout.",
+            registry=r,
+        )
+        self.client_messages_throttled = Counter(
+            "wsmode_client_messages_throttled",
+            "Client messages read late: their connection was past server.max_frames_per_second "
+            "or server.max_bytes_per_second.",
             registry=r,
         )
         self.usage_records = Counter(

@@ -2,6 +2,9 @@
 
 `install(app, settings)` adds one middleware that every route gets, present and future:
 
+0. the Origin and Host policy (`origin.py`): a browser request from an origin not allowed,
+   or for a Host that is not the proxy's, gets 403; OPTIONS is answered here, never
+   forwarded, with CORS headers only for `server.cors_origins`;
 1. a request id: the client's `x-request-id` when it is sane, else a new one; returned on
    every response (the WebSocket 101 included) and sent upstream (`request_id_var`);
 2. while draining, every new request but /healthz and /metrics gets 503;
@@ -35,6 +38,8 @@ from ..core.ids import new_id
 from ..logs import request_id_var
 from .auth import Authenticator
 from .metrics import CONTENT_TYPE, Metrics, cache_families, close_class, memory_families
+from .origin import SitePolicy
+from .origin import refused as site_refused
 from .usage import UsageSink
 
 log = logging.getLogger("wsmode.ops")
@@ -73,6 +78,10 @@ class Ops:
     connections: set[Drainable] = field(default_factory=set)
     caches: set[ResponseCache] = field(default_factory=set)
     drained: asyncio.Event = field(default_factory=asyncio.Event)
+    site: SitePolicy = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.site = SitePolicy.from_settings(self.settings.server)
 
     # ---- connection registry (drain and scrape-time gauges)
     def register(self, conn: Drainable, cache: ResponseCache | None = None) -> None:
@@ -174,6 +183,14 @@ async def _guarded(
     request: web.Request, handler: Handler, ops: Ops, route: str, upgrade: bool
 ) -> web.StreamResponse:
     m = ops.metrics
+    refusal = ops.site.refusal(request.headers, request.method)
+    if refusal is not None:
+        if upgrade:
+            m.connections_rejected.labels(refusal.reason).inc()
+        log.warning("refused %s %s: %s", request.method, route, refusal.code)
+        return site_refused(refusal)
+    if request.method == "OPTIONS":  # answered here, never forwarded upstream
+        return web.Response(status=204, headers=ops.site.preflight_headers(request.headers))
     if request.path in _OPEN_ROUTES:
         return await handler(request)
     if ops.draining:
@@ -199,12 +216,14 @@ async def _guarded(
     if upgrade and limit and ops.ws_open >= limit:
         m.connections_rejected.labels("limit").inc()
         log.warning("connection refused: %d WebSocket connections open (limit)", ops.ws_open)
-        return _error(
+        full = _error(
             503,
             f"The proxy has reached its limit of {limit} connections; retry later.",
             "too_many_connections",
             "server_error",
         )
+        full.force_close()  # its descriptor is what is short: do not keep it alive
+        return full
     if upgrade:
         ops.ws_open += 1
         m.open_connections.inc()
@@ -234,6 +253,8 @@ async def _add_request_id(request: web.Request, response: web.StreamResponse) ->
     rid = request.get(REQUEST_ID)
     if rid:
         response.headers["X-Request-Id"] = rid
+    if "Origin" in request.headers:
+        response.headers.update(request.app[OPS].site.cors_headers(request.headers))
 
 
 async def metrics_handler(request: web.Request) -> web.Response:

@@ -8,6 +8,7 @@ plain HTTP unchanged. `GET /healthz` reports the sidecar's state.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from collections import Counter
@@ -20,6 +21,7 @@ from aiohttp.typedefs import Handler
 from ..config import Settings, UpstreamSettings
 from ..core import wire
 from ..ops.middleware import CLIENT_CLOSED, client_left
+from ..ops.origin import SitePolicy, install_site_policy
 from ..upstream.client import UpstreamClient
 from ..upstream.passthrough import relay_http
 from .chains import ChainMemory
@@ -154,6 +156,9 @@ def create_sidecar_app(settings: Settings) -> web.Application:
         memory=ChainMemory(sc.max_credentials, sc.chains_per_credential),
     )
     app.cleanup_ctx.append(_lifecycle)
+    # the same Origin and Host policy as the proxy's ([server] keys), for the sidecar's host
+    server = dataclasses.replace(settings.server, host=sc.host)
+    install_site_policy(app, SitePolicy.from_settings(server))
     app.router.add_get("/healthz", _healthz)
     app.router.add_route("*", "/v1/responses", _responses)
     app.router.add_route("*", "/v1/{tail:.*}", _other)

@@ -121,7 +121,7 @@ async def test_http_sse_client_that_stops_reading(
     body = b'{"model":"sim","input":"long","stream":true}'
     reader, writer = await asyncio.open_connection(sock=small_socket(proxy.served.port))
     writer.write(
-        b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
     )
     await writer.drain()

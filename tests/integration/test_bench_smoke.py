@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.helpers import seconds
 
-SCENARIOS = ("agent-loop", "overhead", "relay", "scale")
+SCENARIOS = ("agent-loop", "overhead", "relay", "scale", "fairness")
 
 
 def test_smallest_bench_run_writes_a_complete_report(tmp_path: Path) -> None:
@@ -59,9 +59,12 @@ def test_smallest_bench_run_writes_a_complete_report(tmp_path: Path) -> None:
     assert run["opened"] == run["connections"] == 20 and run["errors"] == {}
     assert run["cached_bytes"] > 0
 
+    for fair in report["fairness"].values():
+        assert fair["turns_each"] == 3 and fair["p50_alone_ms"] > 0 and fair["ratio"] > 0
+
     results = {t["result"] for t in report["targets"]}
     assert results <= {"PASS", "FAIL", "NOT RUN"}
-    assert len(report["targets"]) == 15  # the store row (issue 11) made 15
+    assert len(report["targets"]) == 16  # issue 11 added the store and the fairness rows
     assert "targets" in proc.stdout and "method" in proc.stdout
 
 
