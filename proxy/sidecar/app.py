@@ -18,6 +18,7 @@ from aiohttp import web
 
 from ..config import Settings, UpstreamSettings
 from ..core import wire
+from ..core.urls import redact_url
 from ..upstream.client import UpstreamClient
 from ..upstream.passthrough import relay_http
 from .chains import ChainMemory
@@ -110,7 +111,7 @@ async def _healthz(request: web.Request) -> web.Response:
         {
             "status": "ok",
             "mode": "sidecar",
-            "upstream": state.http.base_url,
+            "upstream": redact_url(state.http.base_url),
             "websocket_refused": state.pool.websocket_refused(),
             "upstream_websockets": state.pool.open_count,
             "chains": len(state.memory),
@@ -146,7 +147,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[SIDECAR]
     await state.http.start()
     await state.pool.start()
-    log.info("sidecar: WebSocket mode to %s", state.pool.url)
+    log.info("sidecar: WebSocket mode to %s", redact_url(state.pool.url))
     try:
         yield
     finally:

@@ -97,17 +97,9 @@ class ResponsesStream:
             return self._maybe_repair(data, kind)
         if kind is None or kind in _PARSED:
             return self._parsed(data, kind)
+        self._check(data, kind)
         if not (data[:1] == b"{" and data[-1:] == b"}"):
             data = data.strip()
-            if not (data.startswith(b"{") and data.endswith(b"}")):
-                raise UpstreamError(f"upstream sent a non-JSON {kind} event", started=True)
-        if not data.isascii():  # a text frame must be UTF-8 (RFC 6455 8.1): check, not parse
-            try:
-                data.decode()
-            except UnicodeDecodeError:
-                raise UpstreamError(
-                    f"upstream sent a {kind} event that is not UTF-8", started=True
-                ) from None
         self._unread = data
         return [data]
 
@@ -142,6 +134,24 @@ class ResponsesStream:
         return out
 
     @staticmethod
+    def _check(data: bytes, kind: str) -> None:
+        """A forwarded event must be what its `event:` line says: one JSON object (valid
+        UTF-8, which a text frame must be: RFC 6455 8.1) whose `type` is `kind`. One parse,
+        the cheapest full check there is; its result is dropped, the bytes go out as they
+        came."""
+        try:
+            ev = wire.loads(data)
+        except wire.JSONDecodeError as exc:
+            what = "UTF-8" if "UTF-8" in str(exc) else "JSON"
+            raise UpstreamError(
+                f"upstream sent a {kind} event that is not {what}",
+                started=True,
+                code="upstream_protocol_error",
+            ) from None
+        if type(ev) is not dict or ev.get("type") != kind:
+            raise _mislabelled(kind, ev)
+
+    @staticmethod
     def _decode(data: bytes, kind: str | None) -> dict[str, Any]:
         try:
             ev = wire.loads(data)
@@ -149,6 +159,17 @@ class ResponsesStream:
             raise UpstreamError("upstream sent an event that is not JSON", started=True) from None
         if not isinstance(ev, dict) or not isinstance(ev.get("type", kind), str):
             raise UpstreamError("upstream sent an event without a type", started=True)
+        if kind is not None and ev.get("type", kind) != kind:
+            raise _mislabelled(kind, ev)
+        if not wire.within_depth(data):  # parsed events are written again: bound them
+            try:
+                wire.check_depth(ev)
+            except wire.TooDeep:
+                raise UpstreamError(
+                    f"upstream sent an event nested more than {wire.MAX_DEPTH} levels deep",
+                    started=True,
+                    code="upstream_protocol_error",
+                ) from None
         ev.setdefault("type", kind)
         return ev
 
@@ -204,6 +225,18 @@ class ResponsesStream:
             param=inner.get("param") if isinstance(inner.get("param"), str) else None,
             type=etype if isinstance(etype, str) else "server_error",
         )
+
+
+def _mislabelled(kind: str, ev: object) -> UpstreamError:
+    """An event whose `event:` line and body disagree: forwarding either would lie to the
+    client (a delta line with a `response.completed` body is a second terminal event)."""
+    body = ev.get("type") if isinstance(ev, dict) else None
+    what = f"of type {body[:100]!r}" if isinstance(body, str) else "without that type"
+    return UpstreamError(
+        f"upstream sent an event named {kind[:100]!r} whose body is {what}",
+        started=True,
+        code="upstream_protocol_error",
+    )
 
 
 class ResponsesDialect:
