@@ -102,7 +102,7 @@ def too_deep(param: str | None) -> ClientError:
     )
 
 
-def _kept_items(items: list[Any]) -> tuple[bytes, ...]:
+def kept_items(items: list[Any]) -> tuple[bytes, ...]:
     """Each input item serialised once, for the cache; the message and its `input` array
     are 2 of the `wire.MAX_DEPTH` levels a message may nest."""
     try:
@@ -139,7 +139,7 @@ def parse_create(body: dict[str, Any]) -> CreateRequest:
             "'previous_response_id' and 'conversation' cannot be used together.",
             "conversation",
         )
-    items = _kept_items(normalise_input(raw_input))
+    items = kept_items(normalise_input(raw_input))
     settings = {
         k: v for k, v in body.items() if k not in WS_ONLY_FIELDS and k not in REBUILT_FIELDS
     }

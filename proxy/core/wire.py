@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 JSONDecodeError = orjson.JSONDecodeError
+JSONEncodeError = orjson.JSONEncodeError  # a value nested too deeply to write (`MAX_DEPTH`)
 
 
 def loads(data: bytes | bytearray | memoryview | str) -> Any:

@@ -73,11 +73,15 @@ async def _responses(request: web.Request) -> web.StreamResponse:
     if state.pool.websocket_refused():
         return await _over_http(request, state, raw, "upstream refuses WebSocket mode")
     cred, upgrade_headers = credential(request.headers)
+    try:
+        plan = state.memory.plan(cred, body)  # hashes the items: writes them once
+    except wire.JSONEncodeError:  # nested too deeply to write: the upstream says so
+        return await _over_http(request, state, raw, "nested too deeply for a message")
     exchange = Exchange(
         request=request,
         pool=state.pool,
         memory=state.memory,
-        plan=state.memory.plan(cred, body),
+        plan=plan,
         stream=body.get("stream") is True,
         upgrade_headers=upgrade_headers,
         read_timeout=state.settings.sidecar.read_timeout,

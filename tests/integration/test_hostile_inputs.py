@@ -143,3 +143,18 @@ def test_check_config_redacts_url_passwords_and_the_compaction_key() -> None:
         assert secret not in out.stdout + out.stderr
     assert 'url = "http://bob:<redacted>@127.0.0.1:9/v1"' in out.stdout
     assert 'key = "<redacted>"' in out.stdout
+
+
+async def test_the_sidecar_sends_a_too_deep_request_over_http(
+    proxy: Proxy, sidecar_factory: Any
+) -> None:
+    """The sidecar cannot write a body nested 300 deep as a WebSocket message: it sends it
+    over plain HTTP as it came, and the client gets the upstream's own 400."""
+    sidecar = await sidecar_factory(proxy.http)
+    body = {"model": "sim", "input": [{**user("x"), "extra": nest(300)}]}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{sidecar.http}/responses", data=json.dumps(body)) as r,
+    ):
+        assert r.status == 400
+        assert (await r.json())["error"]["code"] == "invalid_json"
