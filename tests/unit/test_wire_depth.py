@@ -111,3 +111,18 @@ def test_an_upstream_error_keeps_its_rate_limit_headers() -> None:
     ev = err.event()
     assert ev["status"] == 429
     assert ev["headers"] == ev["error"]["headers"] == rate_limit_headers(headers)
+
+
+def test_a_steer_nested_too_deeply_is_rejected() -> None:
+    """A steer's content part nested 300 deep is refused (`invalid_input`), not a crash."""
+    from wsmode.core.steering import SteerRejected, parse_steer
+
+    part = {"type": "input_text", "text": "x", "extra": nest(300)}
+    msg = {
+        "type": "response.steer",
+        "previous_response_id": "resp_1",
+        "input": [{"type": "message", "role": "user", "content": [part]}],
+    }
+    with pytest.raises(SteerRejected) as err:
+        parse_steer(msg)
+    assert err.value.code == "invalid_input" and "levels deep" in err.value.message
