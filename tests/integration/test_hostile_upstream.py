@@ -82,8 +82,8 @@ async def test_a_redirect_from_the_model_server_is_never_followed(
     proxy_factory: Any, sidecar_factory: Any
 ) -> None:
     """A 307 would take the whole conversation and the operator's key to wherever it points:
-    the proxy does not follow it, on model calls, passthrough and the sidecar alike, and the
-    client sees an upstream error naming the status."""
+    the proxy does not follow it, on model calls, passthrough, the `auto` probe and the
+    sidecar alike, and the client sees an upstream error naming the status."""
     reached: list[tuple[str, str, str | None]] = []
 
     async def target(request: web.Request) -> web.StreamResponse:
@@ -116,6 +116,9 @@ async def test_a_redirect_from_the_model_server_is_never_followed(
             ):
                 assert r.status == 502 and "Location" not in r.headers
                 assert (await r.json())["error"]["code"] == "upstream_redirect"
+            auto = await proxy_factory(f"{upstream.base}/v1", upstream__api="auto")
+            status, body = await post_responses(auto, {"model": "sim", "input": "hi"})
+            assert status == 502 and body["error"]["code"] == "upstream_redirect"
             sidecar = await sidecar_factory(f"{upstream.base}/v1")
             async with (
                 aiohttp.ClientSession() as http,
@@ -304,3 +307,29 @@ async def test_a_reused_response_id_never_continues_another_conversation(
     sent = bodies[2]["input"]
     assert sent[0] == user("alpha") and sent[-1] == user("gamma")
     assert user("beta") not in sent
+
+
+async def test_a_reused_response_id_never_overwrites_a_stored_response(
+    proxy_factory: Any,
+) -> None:
+    """Over plain HTTP the stored response keeps the id: a second response the model server
+    names `resp_reused` fails (502) and the stored one still has its own input."""
+    bodies: list[dict[str, Any]] = []
+
+    async def reusing(request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        bodies.append(body)
+        return await stream(request, good(sim_events(body, "resp_reused")))
+
+    async with model(reusing) as upstream:
+        proxy = await proxy_factory(f"{upstream.base}/v1")
+        status, first = await post_responses(proxy, {"model": "sim", "input": "alpha"})
+        assert status == 200 and first["id"] == "resp_reused"
+        status, second = await post_responses(proxy, {"model": "sim", "input": "beta"})
+        assert status == 502 and second["error"]["code"] == "upstream_reused_response_id"
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{proxy.http}/responses/resp_reused/input_items") as r,
+        ):
+            items = (await r.json())["data"]
+    assert [item["content"] for item in items] == ["alpha"]
