@@ -15,10 +15,12 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from ..config import Settings, UpstreamSettings
 from ..core import wire
 from ..core.urls import redact_url
+from ..ops.auth import credentials
 from ..upstream.client import UpstreamClient
 from ..upstream.passthrough import relay_http
 from .chains import ChainMemory
@@ -56,6 +58,21 @@ class SidecarState:
 
 
 SIDECAR = web.AppKey("wsmode_sidecar", SidecarState)
+
+
+@web.middleware
+async def _one_credential(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Two `Authorization` headers get 400: the chains would be scoped to the first while
+    the upstream could read another (the proxy's own middleware does the same)."""
+    if credentials(request.headers) > 1:
+        err = {
+            "type": "invalid_request_error",
+            "code": "invalid_request_error",
+            "message": "The request has more than one Authorization header; send exactly one.",
+            "param": None,
+        }
+        return web.json_response({"error": err}, status=400)
+    return await handler(request)
 
 
 async def _responses(request: web.Request) -> web.StreamResponse:
@@ -141,6 +158,7 @@ def create_sidecar_app(settings: Settings) -> web.Application:
         memory=ChainMemory(sc.max_credentials, sc.chains_per_credential),
     )
     app.cleanup_ctx.append(_lifecycle)
+    app.middlewares.append(_one_credential)
     app.router.add_get("/healthz", _healthz)
     app.router.add_route("*", "/v1/responses", _responses)
     app.router.add_route("*", "/v1/{tail:.*}", _other)

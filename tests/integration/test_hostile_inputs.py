@@ -95,6 +95,19 @@ async def test_two_authorization_headers_are_refused(
     assert status == 200
 
 
+async def test_the_sidecar_refuses_two_authorization_headers(
+    sim: Sim, proxy: Proxy, sidecar_factory: Any
+) -> None:
+    sidecar = await sidecar_factory(proxy.http)
+    two = CIMultiDict([("Authorization", "Bearer sk-a"), ("Authorization", "Bearer sk-b")])
+    async with aiohttp.ClientSession() as http:
+        for method, path in (("POST", "/responses"), ("GET", "/models")):
+            body = {"model": "sim", "input": "x"} if method == "POST" else None
+            async with http.request(method, f"{sidecar.http}{path}", json=body, headers=two) as r:
+                assert r.status == 400
+    assert len(sim.state.requests) == 0
+
+
 # ------------------------------------------------------------------ 10: redaction
 
 
