@@ -18,6 +18,7 @@ from aiohttp import web
 from .build import build_core
 from .config import Settings
 from .core.dialects.auto import AutoDialect
+from .core.urls import redact_url
 from .http_front import passthrough
 from .http_front.compact import compact_response
 from .http_front.responses import create_response
@@ -75,7 +76,7 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "status": "draining" if draining else "ok",
-            "upstream": state.upstream_url,
+            "upstream": redact_url(state.upstream_url),
             "simulated_upstream": state.simulated,
             "dialect": state.policy.dialect.name,
             "pid": os.getpid(),  # which worker answered (server.workers)
@@ -131,7 +132,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await state.moderator.start()
     if isinstance(state.policy.dialect, AutoDialect):
         await probe(state.upstream, state.policy.dialect)
-    log.info("upstream %s (%s dialect)", state.upstream_url, state.policy.dialect.name)
+    shown = redact_url(state.upstream_url)
+    log.info("upstream %s (%s dialect)", shown, state.policy.dialect.name)
     try:
         yield
     finally:

@@ -28,6 +28,7 @@ from typing import Any
 from .core.context.settings import CompactionSettings, TokensSettings
 from .core.dialects.chat_request import ChatOptions
 from .core.policy import SessionLimits
+from .core.urls import redact_url
 from .sim.settings import SimSettings
 
 MiB = 1024 * 1024
@@ -332,7 +333,8 @@ def as_dict(settings: Settings) -> dict[str, Any]:
 
 
 def redacted(settings: Settings) -> dict[str, dict[str, Any]]:
-    """The settings as plain data, every secret replaced by a marker (never its value)."""
+    """The settings as plain data, every secret replaced by a marker (never its value), and
+    the password of every URL too (`redact_url`)."""
     out: dict[str, dict[str, Any]] = {}
     for section in dataclasses.fields(settings):
         obj = getattr(settings, section.name)
@@ -341,6 +343,8 @@ def redacted(settings: Settings) -> dict[str, dict[str, Any]]:
             value = getattr(obj, f.name)
             if f.metadata.get("secret") and value:
                 value = [REDACTED] * len(value) if isinstance(value, tuple) else REDACTED
+            elif isinstance(value, str) and "://" in value:
+                value = redact_url(value)
             table[f.name] = list(value) if isinstance(value, tuple) else value
         out[section.name] = table
     return out

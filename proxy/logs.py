@@ -27,13 +27,15 @@ from .core import wire
 
 request_id_var: ContextVar[str | None] = ContextVar("wsmode_request_id", default=None)
 
-# `Bearer <token>`, `Basic <token>`, and key-looking strings (sk-..., any long token after
-# "key"). Conservative: a false positive costs a masked word in a log line.
+# `Bearer <token>`, `Basic <token>`, key-looking strings (sk-..., any long token after
+# "key") and the password of a URL (`http://user:PASSWORD@host`, as core/urls.py shows it).
+# Conservative: a false positive costs a masked word in a log line.
 _SECRET = re.compile(
     r"(?i)\b(bearer|basic)\s+[^\s,;\"']+"
     r"|\b(sk|rk|pk)-[A-Za-z0-9_\-]{8,}"
     r"|(api[_-]?key|authorization|token|secret)([\"']?\s*[:=]\s*[\"']?)"
     r"(?:(?:bearer|basic)\s+)?[^\s,;\"'}]+"
+    r"|\b([a-z][a-z0-9+.-]*://[^/\s:@]*:)[^/\s@]+@"
 )
 
 
@@ -43,6 +45,8 @@ def redact(text: str) -> str:
             return f"{m.group(1)} <redacted>"
         if m.group(3):
             return f"{m.group(3)}{m.group(4)}<redacted>"
+        if m.group(5):
+            return f"{m.group(5)}<redacted>@"
         return "<redacted>"
 
     return _SECRET.sub(mask, text)

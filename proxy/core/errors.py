@@ -9,6 +9,7 @@ retryable) and the HTTP error body. Any other exception inside the proxy is a bu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from . import wire
@@ -160,12 +161,48 @@ def no_tool_call(what: str, call_id: str) -> ClientError:
     )
 
 
-def upstream_http_error(status: int, body: bytes) -> UpstreamError:
+def rate_limit_headers(headers: Mapping[str, str] | None) -> dict[str, str] | None:
+    """The headers of an upstream answer a client needs to back off: `Retry-After`,
+    `retry-after-ms` and every `x-ratelimit-*`, names in lower case; None when there is none.
+    They travel in the WebSocket `error` event's `headers` and on the HTTP error answer."""
+    if not headers:
+        return None
+    kept = {
+        k.lower(): v
+        for k, v in headers.items()
+        if k.lower() in ("retry-after", "retry-after-ms") or k.lower().startswith("x-ratelimit-")
+    }
+    return kept or None
+
+
+def reused_response_id(response_id: str) -> UpstreamError:
+    """The upstream named a new response with an id this connection already holds."""
+    return UpstreamError(
+        f"The upstream gave this response the id '{response_id[:200]}', which already names "
+        "another response on this connection; it failed, so that the other stays as it was.",
+        started=True,
+        code="upstream_reused_response_id",
+    )
+
+
+def upstream_redirect(status: int) -> UpstreamError:
+    """The model server answered with a redirect, which the proxy never follows."""
+    return UpstreamError(
+        f"The upstream answered HTTP {status}, a redirect; wsmode does not follow redirects "
+        "from the model server. Set upstream.url to the address it redirects to.",
+        code="upstream_redirect",
+    )
+
+
+def upstream_http_error(
+    status: int, body: bytes, headers: Mapping[str, str] | None = None
+) -> UpstreamError:
     """Turn an upstream's non-2xx answer into our error, keeping its status and error body.
 
     OpenAI-compatible servers answer `{"error": {message, type, param, code}}`; some answer
     `{"error": "text"}`, `{"detail": ...}` or plain text. Whatever arrived is preserved as
-    far as the envelope allows, so the client sees the upstream's own words.
+    far as the envelope allows, so the client sees the upstream's own words, and its
+    rate-limit headers (`rate_limit_headers`).
     """
     message = body.decode("utf-8", "replace").strip()[:2000] or f"upstream answered HTTP {status}"
     code: str | None = None
@@ -185,4 +222,11 @@ def upstream_http_error(status: int, body: bytes) -> UpstreamError:
                 etype = err["type"]
         elif isinstance(err, str):
             message = err
-    return UpstreamError(message, status=status, code=code, param=param, type=etype)
+    return UpstreamError(
+        message,
+        status=status,
+        code=code,
+        param=param,
+        type=etype,
+        headers=rate_limit_headers(headers),
+    )

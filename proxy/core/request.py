@@ -94,6 +94,23 @@ def normalise_input(value: object) -> list[Any]:
     return value
 
 
+def too_deep(param: str | None) -> ClientError:
+    return ClientError(
+        f"The message nests arrays and objects more than {wire.MAX_DEPTH} levels deep.",
+        code="invalid_json",
+        param=param,
+    )
+
+
+def kept_items(items: list[Any]) -> tuple[bytes, ...]:
+    """Each input item serialised once, for the cache; the message and its `input` array
+    are 2 of the `wire.MAX_DEPTH` levels a message may nest."""
+    try:
+        return tuple(wire.dumps_within(item, wire.MAX_DEPTH - 2) for item in items)
+    except wire.TooDeep:
+        raise too_deep("input") from None
+
+
 def parse_create(body: dict[str, Any]) -> CreateRequest:
     """Validate a `response.create` (already known to be a JSON object of that type)."""
     for name, (types, expected) in _TYPES.items():
@@ -122,10 +139,14 @@ def parse_create(body: dict[str, Any]) -> CreateRequest:
             "'previous_response_id' and 'conversation' cannot be used together.",
             "conversation",
         )
-    items = tuple(wire.dumps_kept(item) for item in normalise_input(raw_input))
+    items = kept_items(normalise_input(raw_input))
     settings = {
         k: v for k, v in body.items() if k not in WS_ONLY_FIELDS and k not in REBUILT_FIELDS
     }
+    try:  # the rest of the message: echoed in response objects, sent upstream
+        wire.check_depth({k: v for k, v in body.items() if k != "input"})
+    except wire.TooDeep:
+        raise too_deep(None) from None
     return CreateRequest(
         lane=lane,
         previous_response_id=prev,

@@ -81,6 +81,7 @@ class Run:
     moderation: tuple[str, ...] | None = None  # new text the runner moderates (core/guards.py)
     seq_offset: int = 0  # events the proxy inserted into this response's stream
     context: Prepared | None = None  # the prepared upstream input (ContextManager)
+    response_id: str | None = None  # the upstream's id for it, once seen and found unused
 
     def move(self, new: RunState) -> None:
         """The one way a run changes state (called once per change, never per event)."""

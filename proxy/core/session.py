@@ -88,6 +88,7 @@ from .errors import (
     UpstreamError,
     no_tool_call,
     previous_response_not_found,
+    reused_response_id,
 )
 from .guards import Guards
 from .memory import MemoryBudget
@@ -172,6 +173,11 @@ class Session:
             frames = run.stream.feed(event)
         except UpstreamError as err:
             return self._fail(run, err)
+        rid = run.stream.response_id
+        if rid is not None and rid != run.response_id:  # the upstream named it (once a run)
+            seen, run.response_id = run.response_id, rid
+            if self._taken(run, rid):
+                return self._fail(run, reused_response_id(rid), announce=seen is not None)
         if run.state is not RunState.STREAMING:  # once per run, not per event
             run.move(RunState.STREAMING)
         out: list[Action] = [Send(run.lane_frame(f)) for f in frames]
@@ -581,6 +587,16 @@ class Session:
             return items, True
         return self.context.expanded(items, self.owner), False
 
+    def _taken(self, run: Run, rid: str) -> bool:
+        """`rid` already names another response of this connection (cached, stored or in
+        flight): an upstream that reuses ids must not make one conversation overwrite
+        another, so that response fails instead (README "Errors")."""
+        if rid in self.cache or any(
+            r.response_id == rid for r in self._runs.values() if r is not run
+        ):
+            return True
+        return self.store is not None and self.store.get(rid, self.owner) is not None
+
     def _lookup(self, rid: str) -> CachedResponse | None:
         """PROTOCOL 4.2: the connection cache first, then the store (stored responses only)."""
         entry = self.cache.get(rid)
@@ -663,16 +679,17 @@ class Session:
         outcome = Outcome(stream.outcome)
         return out + self._end(run, outcome, rid, usage if isinstance(usage, dict) else None)
 
-    def _fail(self, run: Run, err: ProxyError) -> list[Action]:
+    def _fail(self, run: Run, err: ProxyError, *, announce: bool = True) -> list[Action]:
         """A failure of the upstream (or of the client's reading): tell the client in the
         protocol's terms, evict, move on.
 
         If the client already saw `response.created`, it is owed a terminal event, so a
-        `response.failed` precedes the `error` (PROTOCOL 5.1, 8.4)."""
+        `response.failed` precedes the `error` (PROTOCOL 5.1, 8.4). `announce=False`: the
+        event that failed the run was its first response object, never forwarded."""
         out: list[Action] = []
         stream = run.stream
         seq: int | None = None
-        if stream is not None and stream.response is not None:
+        if stream is not None and stream.response is not None and announce:
             seq = run.next_seq()
             failed = {
                 **stream.response,

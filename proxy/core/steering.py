@@ -74,7 +74,13 @@ def parse_steer(msg: dict[str, Any]) -> SteerRequest:
         items = [_user_message(m, i) for i, m in enumerate(raw)]
     else:
         raise SteerRejected("invalid_input", "'input' must be a string or a non-empty array.")
-    return SteerRequest(target, tuple(wire.dumps(i) for i in items), raw)
+    try:  # the steer's own level and its input array hold the items: 2 levels
+        kept = tuple(wire.dumps_within(i, wire.MAX_DEPTH - 2) for i in items)
+    except wire.TooDeep:
+        raise SteerRejected(
+            "invalid_input", f"'input' nests more than {wire.MAX_DEPTH} levels deep."
+        ) from None
+    return SteerRequest(target, kept, raw)
 
 
 class Steering:

@@ -6,11 +6,13 @@ the standard library on the large `response.completed` objects and request bodie
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import orjson
 
 JSONDecodeError = orjson.JSONDecodeError
+JSONEncodeError = orjson.JSONEncodeError  # a value nested too deeply to write (`MAX_DEPTH`)
 
 
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
@@ -29,6 +31,82 @@ def dumps_kept(obj: Any) -> bytes:
     into a bytes object of their own length.
     """
     return bytes(memoryview(orjson.dumps(obj)))
+
+
+# The deepest nesting of arrays and objects the proxy accepts in a client message or in an
+# upstream event it parses (the message or event itself is level 1). Far below what orjson
+# can write (`_ORJSON_DEPTH`), so that whatever the proxy builds around such a value (a
+# response object around a request's `metadata`, an event around a response, a request
+# body around cached items) can still be written.
+MAX_DEPTH = 128
+# orjson.dumps refuses values nested deeper than this ("Recursion limit reached"; orjson
+# 3.x; tests/unit/test_wire_depth.py pins it). orjson.loads accepts up to 1,024 levels.
+_ORJSON_DEPTH = 254
+
+
+class TooDeep(ValueError):
+    """A value nests arrays and objects deeper than the bound it was checked against."""
+
+
+_wrappers: dict[int, tuple[list[Any], list[Any]]] = {}
+
+
+def _wrapper(levels: int) -> tuple[list[Any], list[Any]]:
+    """A chain of `levels` one-element arrays, the outermost and the innermost (made once
+    per depth; the core runs on one thread, and each use empties it again)."""
+    if levels not in _wrappers:
+        inner: list[Any] = [None]
+        outer = inner
+        for _ in range(levels - 1):
+            outer = [outer]
+        _wrappers[levels] = (outer, inner)
+    return _wrappers[levels]
+
+
+def dumps_within(obj: Any, limit: int = MAX_DEPTH) -> bytes:
+    """`dumps_kept` of a value that nests at most `limit` levels, else `TooDeep`."""
+    out = _dumps_checked(obj, limit)
+    return bytes(memoryview(out))
+
+
+def check_depth(obj: Any, limit: int = MAX_DEPTH) -> None:
+    """`TooDeep` when `obj` nests more than `limit` levels of arrays and objects."""
+    _dumps_checked(obj, limit)
+
+
+def within_depth(data: bytes, limit: int = MAX_DEPTH) -> bool:
+    """A cheap sufficient test on serialised JSON: it cannot nest more levels than it has
+    opening brackets (those inside strings count too, so this may say False of JSON that
+    is shallow: then parse it and ask `check_depth`)."""
+    return data.count(b"{") + data.count(b"[") <= limit
+
+
+def _dumps_checked(obj: Any, limit: int) -> bytes:
+    """orjson's own bound does the counting. Most values have fewer opening brackets than
+    `limit` and need nothing more than their serialising; the others are written once more
+    inside `254 - limit` one-element arrays, which fails exactly when `obj` nests more than
+    `limit` levels."""
+    try:
+        out = orjson.dumps(obj)
+    except orjson.JSONEncodeError as exc:
+        _too_deep(exc, limit)
+    if within_depth(out, limit):
+        return out
+    outer, inner = _wrapper(_ORJSON_DEPTH - limit)
+    inner[0] = obj
+    try:
+        orjson.dumps(outer)
+    except orjson.JSONEncodeError as exc:
+        _too_deep(exc, limit)
+    finally:
+        inner[0] = None
+    return out
+
+
+def _too_deep(exc: orjson.JSONEncodeError, limit: int) -> typing.NoReturn:
+    if "ecursion" not in str(exc):  # "Recursion limit reached"; anything else is a bug
+        raise exc
+    raise TooDeep(f"nested more than {limit} levels deep") from None
 
 
 def with_field(obj_json: bytes, key_json: bytes, value_json: bytes) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections.abc import Mapping
 
 from ..config import AuthSettings, ConfigError
 
@@ -29,6 +30,15 @@ def bearer(authorization: str | None) -> str | None:
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
+
+
+def credentials(headers: Mapping[str, str]) -> int:
+    """How many `Authorization` headers a request has. More than one is refused (400): the
+    check would read one of them and the upstream could be sent another."""
+    getall = getattr(headers, "getall", None)
+    if getall is None:  # a plain mapping holds one value per name
+        return 1 if "Authorization" in headers else 0
+    return len(getall("Authorization", ()))
 
 
 def read_hashes(path: str) -> list[bytes]:

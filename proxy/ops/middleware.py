@@ -9,6 +9,7 @@
    every response (the WebSocket 101 included) and sent upstream (`request_id_var`);
 2. while draining, every new request but /healthz and /metrics gets 503;
 3. proxy auth (`auth.*`): a missing or wrong key gets 401, on a WebSocket upgrade too;
+   more than one `Authorization` header gets 400, auth on or off;
 4. `server.max_connections`: an upgrade beyond it gets 503 before the handshake, so no
    socket is ever opened only to be shed;
 5. metrics per request (route template, method, status) and per WebSocket connection
@@ -36,7 +37,7 @@ from ..core import wire
 from ..core.conversation import CacheBudget, ResponseCache
 from ..core.ids import new_id
 from ..logs import request_id_var
-from .auth import Authenticator
+from .auth import Authenticator, credentials
 from .metrics import CONTENT_TYPE, Metrics, cache_families, close_class, memory_families
 from .origin import SitePolicy
 from .origin import refused as site_refused
@@ -201,6 +202,15 @@ async def _guarded(
         )
         refused.headers["Connection"] = "close"
         return refused
+    if credentials(request.headers) > 1:
+        if upgrade:
+            m.connections_rejected.labels("auth").inc()
+        return _error(
+            400,
+            "The request has more than one Authorization header; send exactly one.",
+            "invalid_request_error",
+            "invalid_request_error",
+        )
     if ops.auth is not None and not ops.auth.check(request.headers.get("Authorization")):
         if upgrade:
             m.connections_rejected.labels("auth").inc()

@@ -20,6 +20,8 @@ from aiohttp.typedefs import Handler
 
 from ..config import Settings, UpstreamSettings
 from ..core import wire
+from ..core.urls import redact_url
+from ..ops.auth import credentials
 from ..ops.middleware import CLIENT_CLOSED, client_left
 from ..ops.origin import SitePolicy, install_site_policy
 from ..upstream.client import UpstreamClient
@@ -61,6 +63,21 @@ class SidecarState:
 SIDECAR = web.AppKey("wsmode_sidecar", SidecarState)
 
 
+@web.middleware
+async def _one_credential(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Two `Authorization` headers get 400: the chains would be scoped to the first while
+    the upstream could read another (the proxy's own middleware does the same)."""
+    if credentials(request.headers) > 1:
+        err = {
+            "type": "invalid_request_error",
+            "code": "invalid_request_error",
+            "message": "The request has more than one Authorization header; send exactly one.",
+            "param": None,
+        }
+        return web.json_response({"error": err}, status=400)
+    return await handler(request)
+
+
 async def _responses(request: web.Request) -> web.StreamResponse:
     state = request.app[SIDECAR]
     if request.method != "POST":
@@ -76,11 +93,15 @@ async def _responses(request: web.Request) -> web.StreamResponse:
     if state.pool.websocket_refused():
         return await _over_http(request, state, raw, "upstream refuses WebSocket mode")
     cred, upgrade_headers = credential(request.headers)
+    try:
+        plan = state.memory.plan(cred, body)  # hashes the items: writes them once
+    except wire.JSONEncodeError:  # nested too deeply to write: the upstream says so
+        return await _over_http(request, state, raw, "nested too deeply for a message")
     exchange = Exchange(
         request=request,
         pool=state.pool,
         memory=state.memory,
-        plan=state.memory.plan(cred, body),
+        plan=plan,
         stream=body.get("stream") is True,
         upgrade_headers=upgrade_headers,
         read_timeout=state.settings.sidecar.read_timeout,
@@ -130,7 +151,7 @@ async def _healthz(request: web.Request) -> web.Response:
         {
             "status": "ok",
             "mode": "sidecar",
-            "upstream": state.http.base_url,
+            "upstream": redact_url(state.http.base_url),
             "websocket_refused": state.pool.websocket_refused(),
             "upstream_websockets": state.pool.open_count,
             "chains": len(state.memory),
@@ -159,6 +180,7 @@ def create_sidecar_app(settings: Settings) -> web.Application:
     # the same Origin and Host policy as the proxy's ([server] keys), for the sidecar's host
     server = dataclasses.replace(settings.server, host=sc.host)
     install_site_policy(app, SitePolicy.from_settings(server))
+    app.middlewares.append(_one_credential)
     app.router.add_get("/healthz", _healthz)
     app.router.add_route("*", "/v1/responses", _responses)
     app.router.add_route("*", "/v1/{tail:.*}", _other)
@@ -169,7 +191,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[SIDECAR]
     await state.http.start()
     await state.pool.start()
-    log.info("sidecar: WebSocket mode to %s", state.pool.url)
+    log.info("sidecar: WebSocket mode to %s", redact_url(state.pool.url))
     try:
         yield
     finally:

@@ -102,7 +102,10 @@ class Exchange:
         return await pool.acquire(plan.credential, self.upgrade_headers), False
 
     async def _attempt(self, sock: UpstreamSocket, body: dict[str, Any]) -> Resend | None:
-        frame = wire.dumps({"type": "response.create", **body})
+        try:
+            frame = wire.dumps({"type": "response.create", **body})
+        except wire.JSONEncodeError:  # nested too deeply to write: the upstream says so
+            raise UseHttp("the request is nested too deeply to send as a message") from None
         try:
             await sock.ws.send_frame(frame, WSMsgType.TEXT)
         except (ConnectionError, RuntimeError):

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from ..config import SidecarSettings
+from ..upstream.client import RedirectRefused, refuse_redirects
 
 log = logging.getLogger("wsmode.sidecar")
 
@@ -97,6 +98,7 @@ class SocketPool:
             timeout=aiohttp.ClientTimeout(
                 total=None, connect=s.connect_timeout, sock_read=s.read_timeout
             ),
+            middlewares=(refuse_redirects,),  # an upgrade answered 3xx is not followed
         )
         self._janitor = asyncio.create_task(self._sweep(), name="sidecar-pool-janitor")
 
@@ -184,6 +186,8 @@ class SocketPool:
                     s.refusal_memory,
                 )
                 raise UpgradeRefused(exc.status) from exc
+            raise CannotOpen(f"WebSocket upgrade answered HTTP {exc.status}") from exc
+        except RedirectRefused as exc:
             raise CannotOpen(f"WebSocket upgrade answered HTTP {exc.status}") from exc
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise CannotOpen(f"cannot open a WebSocket ({type(exc).__name__})") from exc

@@ -16,13 +16,41 @@ from contextlib import asynccontextmanager
 import aiohttp
 
 from ..config import UpstreamSettings
-from ..core.errors import UpstreamError, upstream_http_error
+from ..core.errors import UpstreamError, upstream_http_error, upstream_redirect
+from ..core.urls import redact_url
 from ..logs import request_id_var
 
 log = logging.getLogger("wsmode.upstream")
 
 # Request headers a client may send that the upstream should see too.
 FORWARDED_HEADERS = ("authorization", "openai-organization", "openai-project", "x-request-id")
+
+
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+class RedirectRefused(aiohttp.ClientError):
+    """The model server answered with a redirect. It is never followed: on 307/308 the
+    whole request body and the configured credential would go to wherever it points."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"the upstream answered HTTP {status} (a redirect)")
+        self.status = status
+
+
+async def refuse_redirects(
+    request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+) -> aiohttp.ClientResponse:
+    """Client middleware: a redirect answer ends the request with `RedirectRefused`.
+
+    aiohttp runs the middlewares once per hop and decides to follow only after they
+    returned, so raising here stops every request of the session, whatever
+    `allow_redirects` its caller passed (`ws_connect` has no such parameter)."""
+    resp = await handler(request)
+    if resp.status in REDIRECTS:
+        resp.release()
+        raise RedirectRefused(resp.status)
+    return resp
 
 
 def overloaded(message: str) -> UpstreamError:
@@ -110,7 +138,7 @@ class UpstreamClient:
             connector=connector,
             timeout=timeout,
             auto_decompress=False,
-            middlewares=(self._outgoing,),
+            middlewares=(refuse_redirects, self._outgoing),
         )
 
     async def close(self) -> None:
@@ -150,9 +178,12 @@ class UpstreamClient:
                 resp = await self._post(self.base_url + path, body, send)
                 if resp.status != 200:
                     try:
-                        raise upstream_http_error(resp.status, await self._error_body(resp))
+                        body = await self._error_body(resp)
+                        raise upstream_http_error(resp.status, body, resp.headers)
                     finally:
                         resp.release()
+            except RedirectRefused as exc:
+                raise upstream_redirect(exc.status) from None
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 raise self._translate(exc, started=False) from exc
             complete = False
@@ -196,7 +227,7 @@ class UpstreamClient:
         message = (
             f"upstream connection broke mid-stream ({reason})"
             if started
-            else f"cannot reach the upstream at {self.base_url} ({reason})"
+            else f"cannot reach the upstream at {redact_url(self.base_url)} ({reason})"
         )
         return UpstreamError(message, status=502, started=started, code="upstream_unavailable")
 

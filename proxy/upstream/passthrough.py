@@ -17,8 +17,8 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from ..core import wire
-from ..core.errors import UpstreamError
-from .client import UpstreamClient
+from ..core.errors import UpstreamError, upstream_redirect
+from .client import RedirectRefused, UpstreamClient
 
 log = logging.getLogger("wsmode.http")
 
@@ -74,6 +74,9 @@ async def _relay(
             data=data,
             allow_redirects=False,
         )
+    except RedirectRefused as exc:  # relayed, the client would follow it with its key
+        log.warning("passthrough %s %s: upstream redirect %s", request.method, request.path, exc)
+        raise upstream_redirect(exc.status) from None
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         log.warning(
             "passthrough %s %s failed: %s", request.method, request.path, type(exc).__name__

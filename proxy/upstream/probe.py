@@ -13,6 +13,7 @@ import logging
 import aiohttp
 
 from ..core.dialects.auto import REFUSED, AutoDialect
+from ..core.urls import redact_url
 from .client import UpstreamClient
 
 log = logging.getLogger("wsmode.upstream")
@@ -30,7 +31,11 @@ async def probe(upstream: UpstreamClient, dialect: AutoDialect) -> None:
         ) as resp:
             status = resp.status
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        log.info("upstream.api=auto: probe of %s failed (%s); the first request decides", url, exc)
+        log.info(
+            "upstream.api=auto: probe of %s failed (%s); the first request decides",
+            redact_url(url),
+            exc,
+        )
         return
     if status in REFUSED:
         dialect.decide(dialect.chat, f"the probe POST /responses answered {status}")

@@ -20,6 +20,7 @@ import aiohttp
 from ..core import wire
 from ..core.context.manager import ContextManager, TokenJob
 from ..core.context.tokens import exact_item, item_text, tokenize_body, tokenize_count
+from ..core.urls import redact_url
 from .client import UpstreamClient
 
 log = logging.getLogger("wsmode.tokens")
@@ -99,14 +100,14 @@ class TokenizeWorker:
                     log.warning(
                         "the upstream has no tokenizer at %s (HTTP %s): token counts stay "
                         "estimates (tokens.bytes_per_token)",
-                        self.url,
+                        redact_url(self.url),
                         resp.status,
                     )
                     return None
                 if resp.status != 200:
-                    log.info("tokenizer at %s answered HTTP %s", self.url, resp.status)
+                    log.info("tokenizer at %s answered HTTP %s", redact_url(self.url), resp.status)
                     return None
                 return tokenize_count(wire.loads(await self._body(resp)))
         except (aiohttp.ClientError, OSError, TimeoutError, wire.JSONDecodeError) as exc:
-            log.info("tokenizer at %s failed: %s", self.url, type(exc).__name__)
+            log.info("tokenizer at %s failed: %s", redact_url(self.url), type(exc).__name__)
             return None

@@ -37,7 +37,7 @@ from typing import Any
 
 from .. import wire
 from ..errors import ClientError, invalid, missing, wrong_type
-from ..request import normalise_input
+from ..request import kept_items, normalise_input
 from .sealing import Sealer, SealError
 
 PAYLOAD_VERSION = 1
@@ -411,5 +411,5 @@ def parse_compact(body: dict[str, Any]) -> CompactRequest:
         if prev is None:
             raise missing("input")
         raw = []
-    items = tuple(wire.dumps(i) for i in normalise_input(raw))
+    items = kept_items(normalise_input(raw))  # bounded in depth, as a create's
     return CompactRequest(model, items, prev, instructions)

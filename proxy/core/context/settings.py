@@ -49,7 +49,9 @@ class TokensSettings:
 @dataclass(frozen=True, slots=True)
 class CompactionSettings:
     enabled: bool = True  # false: context_management and /responses/compact go upstream as-is
-    key: str = ""  # standard base64 of 32 bytes; empty: generated at start-up (not kept)
+    # standard base64 of 32 bytes; empty: generated at start-up (not kept). A secret:
+    # check-config shows a marker (config.SECRET is this metadata; core does not import config)
+    key: str = field(default="", metadata={"secret": True})
     keep_recent_fraction: float = 0.25  # of the threshold, kept verbatim after compacting
     summary_max_output_tokens: int = 2048
     expansion_cache_bytes: int = 64 * MiB  # opened compaction items kept in memory

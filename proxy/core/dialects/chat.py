@@ -133,7 +133,13 @@ class ChatStream(BuiltStream):
             if isinstance(choice, dict) and choice.get("index", 0) == 0:
                 out += self._choice(choice)
         usage = chunk.get("usage")
-        if isinstance(usage, dict):
+        if isinstance(usage, dict):  # kept and written in the response object: bounded
+            try:
+                wire.check_depth(usage, wire.MAX_DEPTH - 3)
+            except wire.TooDeep:
+                raise UpstreamError(
+                    "upstream sent a usage object nested too deeply", started=True
+                ) from None
             self._usage = usage
         if self._finish is not None and self._usage is not None:
             out += self._terminal()

@@ -5,7 +5,11 @@ events (to learn the response id, and to put back the `previous_response_id` and
 the client asked for, since the upstream saw neither), `response.output_item.done` (to
 record output items), and `error` (the HTTP SSE error shape, rewrapped into the WebSocket
 envelope). The `event:` line names each event, so delta events are never decoded; an
-upstream that omits `event:` lines costs one parse per event.
+upstream that omits `event:` lines costs one parse per event. A forwarded event must be
+what its `event:` line says: its body starts with its own type as compact writers write it
+(`{"type":"response.output_text.delta"`), or it is parsed in full; an event whose body is
+not JSON, or of another type (a delta line over a `response.completed` body), is an
+upstream error.
 
 The first terminal event ends the response; a trailing `data: [DONE]` is ignored. If the
 terminal response object arrives with an empty `output` while items were streamed, the
@@ -97,11 +101,13 @@ class ResponsesStream:
             return self._maybe_repair(data, kind)
         if kind is None or kind in _PARSED:
             return self._parsed(data, kind)
-        if not (data[:1] == b"{" and data[-1:] == b"}"):
+        # the hot path: a body that starts as the compact writers write it, with its own
+        # type first, is not parsed (only its last byte and UTF-8 are looked at); any other
+        # is parsed in full (`_check`)
+        if not (data.startswith(_type_prefix(kind)) and data[-1:] == b"}"):
             data = data.strip()
-            if not (data.startswith(b"{") and data.endswith(b"}")):
-                raise UpstreamError(f"upstream sent a non-JSON {kind} event", started=True)
-        if not data.isascii():  # a text frame must be UTF-8 (RFC 6455 8.1): check, not parse
+            self._check(data, kind)
+        elif not data.isascii():  # a text frame must be UTF-8 (RFC 6455 8.1): check, not parse
             try:
                 data.decode()
             except UnicodeDecodeError:
@@ -142,6 +148,22 @@ class ResponsesStream:
         return out
 
     @staticmethod
+    def _check(data: bytes, kind: str) -> None:
+        """A forwarded event must be what its `event:` line says: one JSON object (valid
+        UTF-8) whose `type` is `kind`. Its result is dropped: the bytes go out as they came."""
+        try:
+            ev = wire.loads(data)
+        except wire.JSONDecodeError as exc:
+            what = "UTF-8" if "UTF-8" in str(exc) else "JSON"
+            raise UpstreamError(
+                f"upstream sent a {kind} event that is not {what}",
+                started=True,
+                code="upstream_protocol_error",
+            ) from None
+        if type(ev) is not dict or ev.get("type") != kind:
+            raise _mislabelled(kind, ev)
+
+    @staticmethod
     def _decode(data: bytes, kind: str | None) -> dict[str, Any]:
         try:
             ev = wire.loads(data)
@@ -149,6 +171,17 @@ class ResponsesStream:
             raise UpstreamError("upstream sent an event that is not JSON", started=True) from None
         if not isinstance(ev, dict) or not isinstance(ev.get("type", kind), str):
             raise UpstreamError("upstream sent an event without a type", started=True)
+        if kind is not None and ev.get("type", kind) != kind:
+            raise _mislabelled(kind, ev)
+        if not wire.within_depth(data):  # parsed events are written again: bound them
+            try:
+                wire.check_depth(ev)
+            except wire.TooDeep:
+                raise UpstreamError(
+                    f"upstream sent an event nested more than {wire.MAX_DEPTH} levels deep",
+                    started=True,
+                    code="upstream_protocol_error",
+                ) from None
         ev.setdefault("type", kind)
         return ev
 
@@ -204,6 +237,32 @@ class ResponsesStream:
             param=inner.get("param") if isinstance(inner.get("param"), str) else None,
             type=etype if isinstance(etype, str) else "server_error",
         )
+
+
+_PREFIXES: dict[str, bytes] = {}
+
+
+def _type_prefix(kind: str) -> bytes:
+    """`{"type":"<kind>"`, the start of an event of that type as orjson, JavaScript's
+    JSON.stringify, Go and serde write it (remembered for the first few hundred types)."""
+    prefix = _PREFIXES.get(kind)
+    if prefix is None:
+        prefix = b'{"type":' + wire.dumps(kind)
+        if len(_PREFIXES) < 256:
+            _PREFIXES[kind] = prefix
+    return prefix
+
+
+def _mislabelled(kind: str, ev: object) -> UpstreamError:
+    """An event whose `event:` line and body disagree: forwarding either would lie to the
+    client (a delta line with a `response.completed` body is a second terminal event)."""
+    body = ev.get("type") if isinstance(ev, dict) else None
+    what = f"of type {body[:100]!r}" if isinstance(body, str) else "without that type"
+    return UpstreamError(
+        f"upstream sent an event named {kind[:100]!r} whose body is {what}",
+        started=True,
+        code="upstream_protocol_error",
+    )
 
 
 class ResponsesDialect:
