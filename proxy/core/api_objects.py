@@ -246,3 +246,53 @@ def response_object(
 
 def lifecycle_event(kind: str, response: dict[str, Any], seq: int) -> dict[str, Any]:
     return {"type": kind, "sequence_number": seq, "response": response}
+
+
+# Item types whose listed (stored) form has a `status` (the SDK's `...Item` models need it).
+_STATUS_ITEMS = frozenset(
+    {
+        "function_call",
+        "function_call_output",
+        "custom_tool_call",
+        "custom_tool_call_output",
+        "computer_call_output",
+        "local_shell_call",
+        "local_shell_call_output",
+    }
+)
+
+
+def listed_item(item: dict[str, Any], item_id: str) -> dict[str, Any]:
+    """An input item as `GET /v1/responses/{id}/input_items` lists it: in the API's item
+    shape, whatever shorthand the client sent. An id (`item_id` when it had none), `type`
+    `message` for a role-only message, string content as one `input_text` part (an
+    assistant's as `output_text`), a `status` where the listed item has one, a reasoning
+    item's `summary`. What the client sent otherwise is kept."""
+    out = dict(item)
+    if not isinstance(out.get("id"), str) or not out["id"]:
+        out["id"] = item_id
+    kind = out.setdefault("type", "message")
+    if kind == "message":
+        out.setdefault("status", "completed")
+        if out.get("role") == "assistant":
+            out["content"] = [_output_part(p) for p in _parts(out.get("content"), "output_text")]
+        else:
+            out["content"] = _parts(out.get("content"), "input_text")
+    elif kind in _STATUS_ITEMS:
+        out.setdefault("status", "completed")
+    elif kind == "reasoning":
+        out.setdefault("summary", [])
+    return out
+
+
+def _parts(content: Any, text_type: str) -> Any:
+    if isinstance(content, str):
+        return [{"type": text_type, "text": content}]
+    return content
+
+
+def _output_part(part: Any) -> Any:
+    """An assistant message's content part as an output message has it."""
+    if not isinstance(part, dict) or part.get("type") not in ("output_text", "input_text"):
+        return part
+    return {"annotations": [], **part, "type": "output_text"}
