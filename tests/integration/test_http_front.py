@@ -104,9 +104,9 @@ async def test_input_items_are_listed_in_the_apis_item_shape(proxy: Proxy) -> No
         {"type": "function_call_output", "call_id": "call_1", "output": "42", "id": "fco_1"},
     ]
     _, doc = await post(proxy, {"model": "sim", "input": sent})
-    async with aiohttp.ClientSession(headers=KEY_A) as http:
-        async with http.get(f"{proxy.http}/responses/{doc['id']}/input_items?order=asc") as r:
-            page = await r.json()
+    url = f"{proxy.http}/responses/{doc['id']}/input_items?order=asc"
+    async with aiohttp.ClientSession(headers=KEY_A) as http, http.get(url) as r:
+        page = await r.json()
     listed = ResponseItemList.model_validate(page, strict=True)
     assert [i.type for i in listed.data] == ["message"] * 3 + ["function_call"] * 1 + [
         "function_call_output"
