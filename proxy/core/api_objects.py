@@ -3,7 +3,12 @@
 Most events are the upstream's, forwarded. The proxy writes its own for warmups
 (`generate: false`), for failures it must report after `response.created` was sent, and (in
 the Chat Completions dialect) for whole streams. Those objects carry every field the Open
-Responses `ResponseResource` requires, so strict clients validate them (CLIENTS.md 0.4).
+Responses `ResponseResource` requires, so strict clients validate them (CLIENTS.md 0.4):
+function tools with `description`, `parameters` and `strict`, `reasoning` with `effort` and
+`summary`, `usage` with every details count. `complete_response` adds the same fields to an
+upstream's own object without changing what it sent; `failed_error` gives a failed
+response's `error` a code from the API's list; `listed_item` is an input item as
+`input_items` lists it.
 """
 
 from __future__ import annotations
@@ -150,8 +155,8 @@ def echoed_tools(tools: Any) -> Any:
     for tool in tools:
         if isinstance(tool, dict) and tool.get("type") == "function":
             tool = {**tool, **{k: v for k, v in _FUNCTION_TOOL_DEFAULTS.items() if k not in tool}}
-        elif isinstance(tool, dict) and tool.get("type") == "namespace":
-            tool = {**tool, "tools": echoed_tools(tool.get("tools"))}
+        elif isinstance(tool, dict) and isinstance(tool.get("tools"), list):  # a namespace
+            tool = {**tool, "tools": echoed_tools(tool["tools"])}
         out.append(tool)
     return out
 
