@@ -166,15 +166,17 @@ async def test_steer_and_cancel_events_are_sdk_types(
         await send(ws, gone)
         assert (await c.next())["type"] == "response.steer.failed"
         # a steer while the model calls a tool waits for the tool output: steer.pending
-        sim.state.settings = replace(sim.state.settings, output_tokens=60)
+        fast = sim.state.settings
+        sim.state.settings = replace(fast, tokens_per_second=20, output_tokens=40)  # 2 s
         await send(ws, create(input=[user("go")], tools=TOOLS, tool_choice="required"))
-        head = await c.until("response.function_call_arguments.delta")
+        head = await c.until("response.output_item.added")
         rid = head[0]["response"]["id"]
         await send(ws, {"type": "response.steer", "previous_response_id": rid, "input": "also"})
-        pending = await c.until("response.steer.pending", timeout=30)
-        assert any(e["type"] == "response.completed" for e in pending)
+        after = await c.until("response.steer.pending", "response.steer.failed", timeout=30)
+        assert after[-1]["type"] == "response.steer.pending", after[-1]
+        assert any(e["type"] == "response.completed" for e in after)
         # cancel: the response ends response.incomplete, status cancelled, no reason
-        sim.state.settings = replace(sim.state.settings, output_tokens=200)
+        sim.state.settings = fast
         await send(ws, create(input=[user("long")], store=False))
         await c.until("response.output_text.delta")
         await send(ws, {"type": "response.cancel"})
