@@ -5,7 +5,7 @@ What tests share besides fixtures (the time unit, clients, `until`) is in tests/
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -26,6 +26,7 @@ from tests.helpers import (
     serve,
     sidecar_settings,
 )
+from tests.llamacpp_server import serve_llamacpp
 
 
 @pytest.fixture
@@ -99,3 +100,9 @@ async def sidecar_factory() -> AsyncIterator[Callable[..., Awaitable[Sidecar]]]:
     yield make
     for s in reversed(started):
         await s.runner.cleanup()
+
+
+@pytest.fixture(scope="session")
+def llamacpp() -> Iterator[str]:
+    """The base URL (…/v1) of the real llama.cpp server, started once per session."""
+    yield from serve_llamacpp()

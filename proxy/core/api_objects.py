@@ -3,7 +3,12 @@
 Most events are the upstream's, forwarded. The proxy writes its own for warmups
 (`generate: false`), for failures it must report after `response.created` was sent, and (in
 the Chat Completions dialect) for whole streams. Those objects carry every field the Open
-Responses `ResponseResource` requires, so strict clients validate them (CLIENTS.md 0.4).
+Responses `ResponseResource` requires, so strict clients validate them (CLIENTS.md 0.4):
+function tools with `description`, `parameters` and `strict`, `reasoning` with `effort` and
+`summary`, `usage` with every details count. `complete_response` adds the same fields to an
+upstream's own object without changing what it sent; `failed_error` gives a failed
+response's `error` a code from the API's list; `listed_item` is an input item as
+`input_items` lists it.
 """
 
 from __future__ import annotations
@@ -32,7 +37,38 @@ _ECHOED: dict[str, Any] = {
     "metadata": {},
     "safety_identifier": None,
     "prompt_cache_key": None,
+    "user": None,
 }
+# What the API reports for a function tool's fields the request left out (`strict` defaults
+# to true in the Responses API), and for a `reasoning` object's.
+_FUNCTION_TOOL_DEFAULTS: dict[str, Any] = {"description": None, "parameters": None, "strict": True}
+_REASONING_DEFAULTS: dict[str, Any] = {"effort": None, "summary": None}
+# The codes a response object's `error.code` may have (the openai SDK's `ResponseError`).
+RESPONSE_ERROR_CODES = frozenset(
+    {
+        "server_error",
+        "rate_limit_exceeded",
+        "invalid_prompt",
+        "data_residency_mismatch",
+        "bio_policy",
+        "misalignment_policy_violation",
+        "vector_store_timeout",
+        "invalid_image",
+        "invalid_image_format",
+        "invalid_base64_image",
+        "invalid_image_url",
+        "image_too_large",
+        "image_too_small",
+        "image_parse_error",
+        "image_content_policy_violation",
+        "invalid_image_mode",
+        "image_file_too_large",
+        "unsupported_image_media_type",
+        "empty_image_file",
+        "failed_to_download_image",
+        "image_file_not_found",
+    }
+)
 
 
 def usage_of(
@@ -56,6 +92,30 @@ def usage_of(
     }
 
 
+def complete_usage(usage: Any) -> Any:
+    """An upstream's usage object with every field the `usage` shape requires added (counts
+    it lacks are 0, a missing total is input plus output); what it sent is kept as sent.
+    Anything that is no object (None: no usage reported) is returned unchanged."""
+    if not isinstance(usage, dict):
+        return usage
+    out = dict(usage)
+    for key in ("input_tokens", "output_tokens"):
+        out.setdefault(key, 0)
+    if "total_tokens" not in out:
+        out["total_tokens"] = count(out, "input_tokens") + count(out, "output_tokens")
+    for outer, inner in (
+        ("input_tokens_details", ("cached_tokens", "cache_write_tokens")),
+        ("output_tokens_details", ("reasoning_tokens",)),
+    ):
+        details = out.get(outer)
+        filled = dict(details) if isinstance(details, dict) else {}
+        for key in inner:
+            filled.setdefault(key, 0)
+        if details is None or isinstance(details, dict):
+            out[outer] = filled
+    return out
+
+
 def zero_usage() -> dict[str, Any]:
     return usage_of(0, 0)
 
@@ -67,26 +127,91 @@ def count(obj: Any, key: str) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
-_SUMMED = ("input_tokens", "output_tokens", "total_tokens")
-_SUMMED_DETAILS = (
-    ("input_tokens_details", "cached_tokens"),
-    ("output_tokens_details", "reasoning_tokens"),
-)
-
-
 def add_usage(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """`a` plus `b`, field by field; a field either side lacks keeps `a`'s value."""
+    """`a` plus `b`, field by field and into every details object (`cached_tokens`,
+    `cache_write_tokens`, `reasoning_tokens` and whatever else both count); a field either
+    side lacks, or that is no count, keeps `a`'s value."""
     out = dict(a)
-    for key in _SUMMED:
-        x, y = a.get(key), b.get(key)
-        if isinstance(x, int) and isinstance(y, int):
+    for key, x in a.items():
+        y = b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out[key] = add_usage(x, y)
+        elif _is_count(x) and _is_count(y):
             out[key] = x + y
-    for outer, inner in _SUMMED_DETAILS:
-        da, db = a.get(outer), b.get(outer)
-        if isinstance(da, dict) and isinstance(db, dict):
-            x, y = da.get(inner), db.get(inner)
-            if isinstance(x, int) and isinstance(y, int):
-                out[outer] = {**da, inner: x + y}
+    return out
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def echoed_tools(tools: Any) -> Any:
+    """`tools` as the response object reports them: each function tool (also inside a
+    namespace) with `description`, `parameters` and `strict`, the values the API reports
+    when the request left them out. Fields that were sent are kept as they are."""
+    if not isinstance(tools, list):
+        return tools
+    out: list[Any] = []
+    for tool in tools:
+        if isinstance(tool, dict) and tool.get("type") == "function":
+            tool = {**tool, **{k: v for k, v in _FUNCTION_TOOL_DEFAULTS.items() if k not in tool}}
+        elif isinstance(tool, dict) and isinstance(tool.get("tools"), list):  # a namespace
+            tool = {**tool, "tools": echoed_tools(tool["tools"])}
+        out.append(tool)
+    return out
+
+
+def echoed_reasoning(reasoning: Any) -> Any:
+    """`reasoning` as the response object reports it: `effort` and `summary` present."""
+    if reasoning is None:
+        return dict(_REASONING_DEFAULTS)
+    if not isinstance(reasoning, dict):
+        return reasoning
+    return {**reasoning, **{k: v for k, v in _REASONING_DEFAULTS.items() if k not in reasoning}}
+
+
+def _echo(key: str, value: Any) -> Any:
+    if key == "tools":
+        return echoed_tools(value)
+    if key == "reasoning":
+        return echoed_reasoning(value)
+    return value
+
+
+def complete_response(resp: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """Fill, in place, what an upstream's response object lacks of the fields the
+    Responses schema requires: from the client's `request` as `response_object` echoes it,
+    tools and reasoning completed, usage completed. A value the upstream sent is never
+    changed (fields are only added), so its echo of a setting still wins."""
+    full = response_object(
+        response_id=str(resp.get("id") or ""),
+        request=request,
+        status=str(resp.get("status") or "in_progress"),
+        created_at=0,
+    )
+    for key, value in full.items():
+        if key not in resp:
+            resp[key] = value
+    resp["tools"] = echoed_tools(resp["tools"])
+    if isinstance(resp["reasoning"], dict):  # an upstream's `null` stays null
+        resp["reasoning"] = echoed_reasoning(resp["reasoning"])
+    resp["usage"] = complete_usage(resp["usage"])
+    return resp
+
+
+def failed_error(code: str | None, message: str, status: int) -> dict[str, Any]:
+    """A failed response's `error` object for a failure the proxy reports (its own, or an
+    upstream's it read from an HTTP error or an `error` event): `code` is one the API uses
+    for response objects (a code outside that list becomes `rate_limit_exceeded` for a
+    429, `invalid_prompt` for a 400, else `server_error`), and the proxy's own code, when
+    it differs, rides along as `wsmode_code` (an extension; the HTTP answer's status comes
+    from it). The `error` event that follows carries the proxy's code as its own."""
+    if code in RESPONSE_ERROR_CODES:
+        return {"code": code, "message": message}
+    api = "rate_limit_exceeded" if status == 429 else "invalid_prompt" if status == 400 else None
+    out: dict[str, Any] = {"code": api or "server_error", "message": message}
+    if code:
+        out["wsmode_code"] = code
     return out
 
 
@@ -120,9 +245,59 @@ def response_object(
     }
     for key, default in _ECHOED.items():
         value = request.get(key)
-        obj[key] = default if value is None else value
+        obj[key] = _echo(key, default if value is None else value)
     return obj
 
 
 def lifecycle_event(kind: str, response: dict[str, Any], seq: int) -> dict[str, Any]:
     return {"type": kind, "sequence_number": seq, "response": response}
+
+
+# Item types whose listed (stored) form has a `status` (the SDK's `...Item` models need it).
+_STATUS_ITEMS = frozenset(
+    {
+        "function_call",
+        "function_call_output",
+        "custom_tool_call",
+        "custom_tool_call_output",
+        "computer_call_output",
+        "local_shell_call",
+        "local_shell_call_output",
+    }
+)
+
+
+def listed_item(item: dict[str, Any], item_id: str) -> dict[str, Any]:
+    """An input item as `GET /v1/responses/{id}/input_items` lists it: in the API's item
+    shape, whatever shorthand the client sent. An id (`item_id` when it had none), `type`
+    `message` for a role-only message, string content as one `input_text` part (an
+    assistant's as `output_text`), a `status` where the listed item has one, a reasoning
+    item's `summary`. What the client sent otherwise is kept."""
+    out = dict(item)
+    if not isinstance(out.get("id"), str) or not out["id"]:
+        out["id"] = item_id
+    kind = out.setdefault("type", "message")
+    if kind == "message":
+        out.setdefault("status", "completed")
+        if out.get("role") == "assistant":
+            out["content"] = [_output_part(p) for p in _parts(out.get("content"), "output_text")]
+        else:
+            out["content"] = _parts(out.get("content"), "input_text")
+    elif kind in _STATUS_ITEMS:
+        out.setdefault("status", "completed")
+    elif kind == "reasoning":
+        out.setdefault("summary", [])
+    return out
+
+
+def _parts(content: Any, text_type: str) -> Any:
+    if isinstance(content, str):
+        return [{"type": text_type, "text": content}]
+    return content
+
+
+def _output_part(part: Any) -> Any:
+    """An assistant message's content part as an output message has it."""
+    if not isinstance(part, dict) or part.get("type") not in ("output_text", "input_text"):
+        return part
+    return {"annotations": [], **part, "type": "output_text"}

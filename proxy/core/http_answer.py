@@ -23,7 +23,8 @@ What the client gets is what the HTTP API answers (PROTOCOL 8.1):
   an error, so an error before the response starts is still an HTTP status and error body.
 - `stream: false`: the terminal response object with 200 for `response.completed` and
   `response.incomplete`; `response.failed` is an HTTP error whose status comes from its
-  `error.code` (`status_of_code`).
+  `error.code` (`status_of_code`), or from its `error.wsmode_code` when the proxy failed
+  it (the API's code on the wire is then `server_error`; its own, more exact, rides along).
 - an `error` event (the WebSocket envelope of PROTOCOL 3.2, or the HTTP variant of 8.1)
   before anything was written: its `status` (else the one of its code), the HTTP error body
   `{"error": {message, type, param, code}}` and the headers it names (Codex puts rate-limit
@@ -287,7 +288,9 @@ class HttpAnswer:
             return
         raw = resp.get("error")
         failed: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        code = failed.get("code")
+        # the proxy's own code when its failure has one (`api_objects.failed_error`): the
+        # API's code on the wire (`server_error`) would lose the 502/503/504 distinction
+        code = failed.get("wsmode_code") or failed.get("code")
         self._reply = failure(
             status_of_code(code),
             code if isinstance(code, str) else "server_error",

@@ -66,7 +66,7 @@ from .actions import (
     Send,
     StartUpstream,
 )
-from .api_objects import lifecycle_event, response_object, zero_usage
+from .api_objects import failed_error, lifecycle_event, response_object, zero_usage
 from .context.compaction import compaction_of, has_trigger
 from .context.managed_stream import ManagedStream
 from .context.manager import ContextManager, SummaryResult, compaction_failed
@@ -694,7 +694,7 @@ class Session:
             failed = {
                 **stream.response,
                 "status": "failed",
-                "error": {"code": err.code or "server_error", "message": err.message},
+                "error": failed_error(err.code, err.message, err.status),
             }
             ev = lifecycle_event("response.failed", failed, seq)
             out.append(Send(self._event_frame(ev, run.req.lane)))
@@ -805,8 +805,9 @@ class Session:
 
     def _cancel(self, msg: dict[str, Any]) -> list[Action]:
         """`response.cancel` (a wsmode extension; PROTOCOL 2.4, 10.1): stop an in-flight
-        response. It ends with `response.incomplete` whose status is `cancelled`; the cache
-        is untouched (the parent stays, the cancelled response is not cached)."""
+        response. It ends with `response.incomplete` whose status is `cancelled` (and no
+        `incomplete_details`: the API's reasons do not include a cancel); the cache is
+        untouched (the parent stays, the cancelled response is not cached)."""
         lane: str | None = None
         try:
             lane = check_stream_id(msg.get("stream_id"))
@@ -825,7 +826,7 @@ class Session:
                 created_at=int(self.clock()),
             )
             seq = 0
-        resp.update(status="cancelled", incomplete_details={"reason": "cancelled"}, usage=None)
+        resp.update(status="cancelled", incomplete_details=None, usage=None)
         ev = lifecycle_event("response.incomplete", resp, seq)
         return [
             CancelUpstream(run.id),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..core import wire
+from ..core.api_objects import listed_item
 from ..core.errors import ClientError
 from ..core.store import StoredResponse, owner_of
 from ..runtime import APP_STATE
@@ -55,8 +56,9 @@ async def delete_response(request: web.Request) -> web.StreamResponse:
 
 
 async def input_items(request: web.Request) -> web.StreamResponse:
-    """The items the response was given (its parents' items and its own input), paginated
-    like the API: `order` (default desc), `limit` (1-100, default 20), `after`."""
+    """The items the response was given (its parents' items and its own input), in the
+    API's item shape (`ResponseItemList`), paginated like the API: `order` (default desc),
+    `limit` (1-100, default 20), `after`."""
     rid = request.match_info["response_id"]
     stored = _stored(request)
     if stored is None:
@@ -71,10 +73,12 @@ async def input_items(request: web.Request) -> web.StreamResponse:
         limit = -1
     if not 1 <= limit <= 100:
         return error_response(ClientError("'limit' must be between 1 and 100.", param="limit"))
-    items = [wire.loads(b) for b in list(stored.entry.items())[: stored.input_count]]
-    for index, item in enumerate(items):
-        # the API lists every item with an id; give id-less input items stable ones
-        item.setdefault("id", f"item_{rid.removeprefix('resp_')[:24]}_{index}")
+    # in the API's item shape; an id-less input item gets a stable id
+    stem = rid.removeprefix("resp_")[:24]
+    items = [
+        listed_item(wire.loads(b), f"item_{stem}_{index}")
+        for index, b in enumerate(list(stored.entry.items())[: stored.input_count])
+    ]
     if order == "desc":
         items.reverse()
     after = q.get("after")

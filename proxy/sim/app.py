@@ -20,7 +20,8 @@ Writes: with `tokens_per_second` above 0 every event is its own write, paced as 
 at 0 the events are joined into writes of up to 64 KiB. For latency benchmarks,
 `metadata.sim_stamp: "true"` adds `sim_sent_ns` (CLOCK_MONOTONIC, ns) to every event, taken just
 before it is serialised and written, and `metadata.sim_output_tokens: "N"` overrides
-`output_tokens` for that request.
+`output_tokens` for that request. `metadata.sim_echo: "partial"` makes the response objects
+those of a server that echoes little (`events.partial_response`).
 """
 
 from __future__ import annotations
@@ -151,7 +152,8 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         pending: list[bytes] = []  # unpaced: events written together, up to _BATCH_BYTES
         size = 0
         current: dict[str, Any] = {}  # the response object of the latest lifecycle event
-        for i, ev in enumerate(response_events(body, p)):
+        echo = str(meta.get("sim_echo") or "full")  # "partial": a server that echoes little
+        for i, ev in enumerate(response_events(body, p, echo=echo)):
             if kind == "failed" and i == after:
                 pending += (_sse(_failed_event(ev, current, arg)), b"data: [DONE]\n\n")
                 await resp.write(b"".join(pending))

@@ -2,7 +2,13 @@
 
 `response_events()` yields every event of one response in order, each with its
 `sequence_number`, `output_index` and `content_index`, ending with a `response.completed`
-whose response object carries every finished output item and the usage.
+whose response object carries every finished output item and the usage. A text answer
+longer than the request's `max_output_tokens` is cut there and ends `response.incomplete`
+(reason `max_output_tokens`), as the API does.
+
+`echo="partial"` writes the response objects some stateless servers write instead: the
+request's `tools` and `reasoning` echoed as sent, usage without its details, and nothing
+else of the settings.
 """
 
 from __future__ import annotations
@@ -16,7 +22,29 @@ from ..core.ids import new_id
 from .model import Plan
 
 
-def response_events(body: dict[str, Any], plan: Plan) -> Iterator[dict[str, Any]]:
+def partial_response(resp: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """`resp` as a server that echoes little would write it."""
+    keep = ("id", "object", "created_at", "status", "model", "output", "error")
+    out = {k: resp[k] for k in keep}
+    out.update(tools=body.get("tools", []), reasoning=body.get("reasoning"))
+    usage = resp.get("usage")
+    if isinstance(usage, dict):
+        out["usage"] = {k: usage[k] for k in ("input_tokens", "output_tokens", "total_tokens")}
+    if resp.get("incomplete_details") is not None:
+        out["incomplete_details"] = resp["incomplete_details"]
+    return out
+
+
+def response_events(
+    body: dict[str, Any], plan: Plan, *, echo: str = "full"
+) -> Iterator[dict[str, Any]]:
+    for ev in _events(body, plan):
+        if echo == "partial" and isinstance(ev.get("response"), dict):
+            ev["response"] = partial_response(ev["response"], body)
+        yield ev
+
+
+def _events(body: dict[str, Any], plan: Plan) -> Iterator[dict[str, Any]]:
     seq = 0
 
     def ev(kind: str, **fields: Any) -> dict[str, Any]:
@@ -31,6 +59,7 @@ def response_events(body: dict[str, Any], plan: Plan) -> Iterator[dict[str, Any]
     yield ev("response.created", response=resp)
     yield ev("response.in_progress", response=resp)
     call = plan.tool_call
+    cut = False  # the text reached max_output_tokens
     if call is not None:
         item_id = new_id("fc")
         item: dict[str, Any] = {
@@ -62,26 +91,31 @@ def response_events(body: dict[str, Any], plan: Plan) -> Iterator[dict[str, Any]
         output = [item]
     else:
         # the text, split evenly over `plan.items` assistant messages (one by default)
-        n = max(1, min(plan.items, len(plan.tokens)))
-        size = -(-len(plan.tokens) // n)
+        all_tokens = plan.tokens
+        limit = body.get("max_output_tokens")
+        if isinstance(limit, int) and 0 < limit < len(all_tokens):
+            all_tokens, cut = all_tokens[:limit], True
+        n = max(1, min(plan.items, len(all_tokens)))
+        size = -(-len(all_tokens) // n)
         output = []
         for index in range(n):
-            tokens = plan.tokens[index * size : (index + 1) * size]
-            item = yield from _message(ev, index, tokens)
+            tokens = all_tokens[index * size : (index + 1) * size]
+            item = yield from _message(ev, index, tokens, "incomplete" if cut else "completed")
             output.append(item)
-        output_tokens = len(plan.tokens)
+        output_tokens = len(all_tokens)
     final = {
         **resp,
-        "status": "completed",
-        "completed_at": int(time.time()),
+        "status": "incomplete" if cut else "completed",
+        "completed_at": None if cut else int(time.time()),
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
         "output": output,
         "usage": usage_of(plan.input_tokens, output_tokens),
     }
-    yield ev("response.completed", response=final)
+    yield ev("response.incomplete" if cut else "response.completed", response=final)
 
 
 def _message(
-    ev: Callable[..., dict[str, Any]], index: int, tokens: list[str]
+    ev: Callable[..., dict[str, Any]], index: int, tokens: list[str], status: str
 ) -> Generator[dict[str, Any], None, dict[str, Any]]:
     """The events of one assistant message at `output_index` `index`; returns the item."""
     item_id = new_id("msg")
@@ -102,6 +136,6 @@ def _message(
     yield ev("response.output_text.done", **at, text=text, logprobs=[])
     done_part = {**part, "text": text}
     yield ev("response.content_part.done", **at, part=done_part)
-    item.update(status="completed", content=[done_part])
+    item.update(status=status, content=[done_part])
     yield ev("response.output_item.done", output_index=index, item=item)
     return item

@@ -7,6 +7,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from openai.types.responses import ResponseItemList
 from websockets.asyncio.client import connect
 
 from tests.helpers import Proxy, Sim, create, post_responses, recv, send, until_terminal, user
@@ -91,6 +92,36 @@ async def test_cross_connection_continuation_over_websocket(proxy: Proxy, sim: S
     assert sim.bodies()[1]["input"] == [user("a"), *first["output"], user("b")]
 
 
+async def test_input_items_are_listed_in_the_apis_item_shape(proxy: Proxy) -> None:
+    """Whatever shorthand the input used, the list validates as the SDK's ResponseItemList:
+    string content as parts, ids and statuses present, what was sent kept."""
+    call = {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}
+    sent = [
+        {"role": "developer", "content": "be brief"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "q"}]},
+        {"role": "assistant", "content": "earlier answer"},
+        call,
+        {"type": "function_call_output", "call_id": "call_1", "output": "42", "id": "fco_1"},
+    ]
+    _, doc = await post(proxy, {"model": "sim", "input": sent})
+    url = f"{proxy.http}/responses/{doc['id']}/input_items?order=asc"
+    async with aiohttp.ClientSession(headers=KEY_A) as http, http.get(url) as r:
+        page = await r.json()
+    listed = ResponseItemList.model_validate(page, strict=True)
+    assert [i.type for i in listed.data] == ["message"] * 3 + ["function_call"] * 1 + [
+        "function_call_output"
+    ]
+    developer, user_msg, assistant, fc, fco = page["data"]
+    assert developer["content"] == [{"type": "input_text", "text": "be brief"}]
+    assert user_msg["content"] == sent[1]["content"]
+    assert assistant["content"] == [
+        {"type": "output_text", "text": "earlier answer", "annotations": []}
+    ]
+    assert {k: fc[k] for k in call} == call and fc["status"] == "completed"
+    assert fco["id"] == "fco_1" and fco["output"] == "42"
+    assert len({i["id"] for i in page["data"]}) == 5
+
+
 async def test_get_delete_and_input_items(proxy: Proxy) -> None:
     _, first = await post(proxy, {"model": "sim", "input": [user("a")]})
     _, second = await post(
@@ -103,13 +134,16 @@ async def test_get_delete_and_input_items(proxy: Proxy) -> None:
             assert (await r.json()) == second
         async with http.get(f"{base}/input_items?order=asc") as r:
             page = await r.json()
-        contents = [i.get("content") for i in page["data"]]
+        ResponseItemList.model_validate(page, strict=True)
+        contents = [i["content"][0]["text"] for i in page["data"]]
         assert contents[0] == "a" and contents[-2:] == ["b", "c"]
         assert page["data"][1]["id"] == first["output"][0]["id"]
         assert page["has_more"] is False and page["first_id"] == page["data"][0]["id"]
         async with http.get(f"{base}/input_items?limit=2") as r:
             page = await r.json()
-        assert [i["content"] for i in page["data"]] == ["c", "b"] and page["has_more"] is True
+        texts = [i["content"] for i in page["data"]]
+        assert texts == [[{"type": "input_text", "text": t}] for t in "cb"]
+        assert page["has_more"] is True
         async with http.get(f"{base}/input_items?limit=2&after={page['last_id']}") as r:
             rest = await r.json()
         assert len(rest["data"]) == 2 and rest["has_more"] is False

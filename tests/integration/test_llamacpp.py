@@ -1,7 +1,8 @@
 """A REAL upstream: llama.cpp's own server (the xllamacpp wheel) with Gemma 3 270M, fronted by
 wsmode over WebSocket mode. Protocol properties are asserted, never the model's wording.
 
-The server and model come from ../shared/upstreams: the fixture installs them into
+The server and model come from ../shared/upstreams: the fixture (`llamacpp` in conftest.py,
+started once per session by tests/llamacpp_server.py) installs them into
 `.upstreams/llamacpp` (gitignored) when missing, about 10 s plus the model download, then
 starts the server on a free loopback port. Without ../shared the tests skip, unless
 REQUIRE_LLAMACPP_UPSTREAM is set (CI sets it), when they fail.
@@ -9,98 +10,21 @@ REQUIRE_LLAMACPP_UPSTREAM is set (CI sets it), when they fail.
 
 from __future__ import annotations
 
-import os
-import subprocess
-from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
-from typing import Any, NoReturn
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.chat_streams import ROOT, SHARED_UPSTREAMS
+from tests.chat_streams import SHARED_UPSTREAMS
 from tests.event_checks import check_sequence
-from tests.helpers import Proxy, create, send, until_sync, until_terminal
+from tests.helpers import Proxy, create, send, until_terminal
+from tests.llamacpp_server import TURN_TIMEOUT
 
 pytestmark = pytest.mark.llamacpp
 
-CACHE = Path(os.environ.get("LLAMACPP_UPSTREAM_DIR", ROOT / ".upstreams")) / "llamacpp"
-MODEL = CACHE / "models" / "gemma-3-270m-q4_k_m.gguf"
-PYTHON = CACHE / "venv" / "bin" / "python"
-START_TIMEOUT = 180.0  # seconds to install (first run only) is separate; this bounds the start
-TURN_TIMEOUT = 120.0  # one turn on a 2-core machine, prompt processing included
-
 ProxyFactory = Callable[..., Awaitable[Proxy]]
-
-
-def _installed() -> bool:
-    if not (MODEL.is_file() and MODEL.stat().st_size > 0 and PYTHON.exists()):
-        return False
-    check = subprocess.run([PYTHON, "-c", "import xllamacpp"], capture_output=True, timeout=60)
-    return check.returncode == 0
-
-
-@pytest.fixture(scope="module")
-def llamacpp() -> Iterator[str]:
-    """The base URL (…/v1) of a running llama.cpp server."""
-    if not (SHARED_UPSTREAMS / "setup_llamacpp_upstream.sh").exists():
-        message = f"{SHARED_UPSTREAMS} is missing: the real llama.cpp upstream cannot be set up"
-        if os.environ.get("REQUIRE_LLAMACPP_UPSTREAM"):
-            pytest.fail(message)
-        pytest.skip(message)
-    if not _installed():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["bash", str(SHARED_UPSTREAMS / "setup_llamacpp_upstream.sh"), str(CACHE)],
-            check=True,
-            timeout=900,
-        )
-    flags = {
-        "--model": MODEL,
-        "--port": 0,  # the server prints the port it got
-        "--alias": "gemma-3-270m",
-        "--parallel": 1,
-        "--ctx": 4096,
-        "--n-predict": 128,
-        "--seed": 1,
-        "--chat-template-file": SHARED_UPSTREAMS / "turns-with-tools.jinja",
-    }
-    argv = [str(PYTHON), str(SHARED_UPSTREAMS / "xlc_serve.py")]
-    argv += [str(x) for pair in flags.items() for x in pair]
-    # stdout carries only the LISTENING line; llama.cpp logs to stderr. On one shared file the
-    # two interleave and the line can be split mid-way, so they go to separate files.
-    out_path, log_path = CACHE / "server.out", CACHE / "server.log"
-    with open(out_path, "wb") as out, open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=out, stderr=log)
-
-    def did_not_start() -> NoReturn:
-        tail = log_path.read_text(errors="replace")[-2000:]
-        pytest.fail(f"llama.cpp server did not start:\n{tail}")
-
-    def listening() -> str | None:
-        urls = [
-            line.split()[1].rstrip("/")
-            for line in out_path.read_text(errors="replace").splitlines()
-            if line.startswith("LISTENING ")
-        ]
-        if not urls and proc.poll() is not None:
-            did_not_start()
-        return urls[-1] if urls else None
-
-    try:
-        try:
-            url = until_sync(listening, START_TIMEOUT, every=0.1)
-        except AssertionError:
-            did_not_start()
-        yield f"{url}/v1"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=20)
 
 
 def _fewshot() -> dict[str, Any]:

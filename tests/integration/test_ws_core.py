@@ -243,9 +243,11 @@ async def test_upstream_dies_mid_stream(proxy: Proxy, sim: Sim) -> None:
         events = await until_terminal(ws)
         assert events[-1]["type"] == "response.failed"
         failed = events[-1]["response"]
-        assert failed["status"] == "failed" and failed["error"]["code"] == "upstream_unavailable"
+        assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+        assert failed["error"]["wsmode_code"] == "upstream_unavailable"
         err = await recv(ws)
         assert err["type"] == "error" and err["status"] == 502
+        assert err["error"]["code"] == "upstream_unavailable"
         seqs = [e["sequence_number"] for e in [*events, err]]
         assert seqs == list(range(len(seqs)))
         # the next turn works

@@ -221,6 +221,27 @@ def test_response_failed_with_each_code(
         assert orjson.loads(fed.reply.body) == error_body("it broke", said)
 
 
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        ("upstream_unavailable", 502),
+        ("upstream_overloaded", 503),
+        ("upstream_timeout", 504),
+        ("client_too_slow", 408),
+    ],
+)
+def test_the_proxys_own_failure_keeps_its_status_under_the_apis_code(
+    code: str, status: int
+) -> None:
+    """The proxy's `response.failed` says `server_error` (the API's code) and keeps its own
+    in `wsmode_code`: the HTTP answer's status and error code are the proxy's own."""
+    failed = terminal("response.failed", 2, "server_error")
+    failed["response"]["error"]["wsmode_code"] = code
+    fed = feed([created(), delta(1), failed], False)
+    assert fed.reply is not None and fed.reply.status == status
+    assert orjson.loads(fed.reply.body) == error_body("it broke", code)
+
+
 def test_the_sse_framing_is_event_then_data_then_a_blank_line() -> None:
     answer = HttpAnswer(stream=True)
     first = answer.event("response.created", b'{"type":"response.created","sequence_number":0}')

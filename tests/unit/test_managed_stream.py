@@ -118,3 +118,18 @@ def test_add_usage() -> None:
     assert total == usage_of(11, 22)
     partial = add_usage({"input_tokens": 1}, usage_of(10, 20))
     assert partial == {"input_tokens": 11}
+
+
+def test_add_usage_sums_every_details_field() -> None:
+    a = usage_of(100, 10, cached=40, cache_write=30, reasoning=5)
+    b = usage_of(50, 20, cached=4, cache_write=3, reasoning=2)
+    b["input_tokens_details"]["cache_write_tokens_details"] = {"ttl_30m_tokens": 3}
+    a["input_tokens_details"]["cache_write_tokens_details"] = {"ttl_30m_tokens": 30}
+    total = add_usage(a, b)
+    assert total["input_tokens_details"] == {
+        "cached_tokens": 44,
+        "cache_write_tokens": 33,
+        "cache_write_tokens_details": {"ttl_30m_tokens": 33},
+    }
+    assert total["output_tokens_details"] == {"reasoning_tokens": 7}
+    assert (total["input_tokens"], total["output_tokens"], total["total_tokens"]) == (150, 30, 180)

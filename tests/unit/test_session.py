@@ -422,9 +422,11 @@ def test_mid_stream_failure_sends_failed_then_error_with_continuing_sequence() -
     assert failed["response"]["id"] == "resp_1"
     assert failed["response"]["status"] == "failed"
     assert failed["response"]["store"] is False
+    # the API's code on the wire; the proxy's own rides along (and is the error event's)
     assert failed["response"]["error"] == {
-        "code": "upstream_unavailable",
+        "code": "server_error",
         "message": "upstream went away",
+        "wsmode_code": "upstream_unavailable",
     }
     assert error == {
         "type": "error",
@@ -676,7 +678,11 @@ def test_upstream_error_event_http_shape_is_rewrapped() -> None:
     failed, err = frames[2], frames[3]
     # the error event was not forwarded, so the sequence continues without a gap
     assert failed["sequence_number"] == 2 and err["sequence_number"] == 3
-    assert failed["response"]["error"] == {"code": "server_is_overloaded", "message": "try later"}
+    assert failed["response"]["error"] == {
+        "code": "server_error",
+        "message": "try later",
+        "wsmode_code": "server_is_overloaded",
+    }
     assert err == {
         "type": "error",
         "status": 500,
@@ -943,7 +949,11 @@ def test_client_stalled_fails_the_response_cancels_upstream_and_frees_the_lane()
     message = "The response was cancelled: the client did not read its events for 2.5s."
     failed, error = sends(out)
     assert failed["type"] == "response.failed" and failed["sequence_number"] == 2
-    assert failed["response"]["error"] == {"code": "client_too_slow", "message": message}
+    assert failed["response"]["error"] == {
+        "code": "server_error",
+        "message": message,
+        "wsmode_code": "client_too_slow",
+    }
     assert error == {
         "type": "error",
         "status": 408,

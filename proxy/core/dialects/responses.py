@@ -1,8 +1,10 @@
 """The Responses dialect: the upstream already streams Responses events (PROTOCOL 8.1).
 
 Events are forwarded as the upstream wrote them. Only a handful are parsed: the lifecycle
-events (to learn the response id, and to put back the `previous_response_id` and `store`
-the client asked for, since the upstream saw neither), `response.output_item.done` (to
+events (to learn the response id, to put back the `previous_response_id` and `store` the
+client asked for, since the upstream saw neither, and to add what the upstream's response
+object lacks of the fields the schema requires: `api_objects.complete_response`; a value
+the upstream sent is kept), `response.output_item.done` (to
 record output items), and `error` (the HTTP SSE error shape, rewrapped into the WebSocket
 envelope). Every other event is relayed as the bytes the upstream wrote, after one check:
 it must be what its `event:` line says, one JSON object in UTF-8 of that type (the check
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import wire
-from ..api_objects import TERMINAL_TYPES
+from ..api_objects import TERMINAL_TYPES, complete_response
 from ..errors import UpstreamError
 from ..ids import new_id as mint_id
 from ..request import upstream_body
@@ -201,6 +203,7 @@ class ResponsesStream:
         if not isinstance(resp, dict):
             raise UpstreamError(f"upstream {kind} event has no response object", started=True)
         resp.update(self._patch)
+        complete_response(resp, self._request)  # fields the upstream's echo left out
         self.response = resp
         if isinstance(resp.get("id"), str):
             self.response_id = resp["id"]
