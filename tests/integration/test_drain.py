@@ -117,7 +117,9 @@ async def test_grace_over_cuts_in_flight_and_exits_0(
         # the cut response ended with its terminal event and an error before the close
         failed, error = seen[-2:]
         assert failed["type"] == "response.failed"
-        assert failed["response"]["error"]["code"] == "server_shutting_down"
+        # the API's code on the response object, wsmode's own beside it and in the error
+        assert failed["response"]["error"]["code"] == "server_error"
+        assert failed["response"]["error"]["wsmode_code"] == "server_shutting_down"
         assert error["type"] == "error" and error["status"] == 503
         assert error["error"]["code"] == "server_shutting_down"
         numbers = [e["sequence_number"] for e in seen]
@@ -156,7 +158,8 @@ async def test_grace_over_cuts_http_responses_with_a_terminal_event(
     events = SSEDecoder(1 << 20).feed(first + rest)
     assert [e.event for e in events[-2:]] == ["response.failed", "error"]
     failed, error = (json.loads(e.data) for e in events[-2:])
-    assert failed["response"]["error"]["code"] == "server_shutting_down"
+    assert failed["response"]["error"]["code"] == "server_error"
+    assert failed["response"]["error"]["wsmode_code"] == "server_shutting_down"
     assert error["code"] == "server_shutting_down"
     assert [json.loads(e.data)["sequence_number"] for e in events] == list(range(len(events)))
     assert status == 503 and doc["error"]["code"] == "server_shutting_down"

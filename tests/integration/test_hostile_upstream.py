@@ -336,4 +336,4 @@ async def test_a_reused_response_id_never_overwrites_a_stored_response(
             http.get(f"{proxy.http}/responses/resp_reused/input_items") as r,
         ):
             items = (await r.json())["data"]
-    assert [item["content"] for item in items] == ["alpha"]
+    assert [item["content"] for item in items] == [[{"type": "input_text", "text": "alpha"}]]

@@ -925,7 +925,11 @@ def test_drain_over_fails_every_run_in_flight_or_queued_and_starts_nothing() -> 
     # the response the client saw created gets its terminal event, then the error
     failed, error_a = events[0], events[1]
     assert failed["type"] == "response.failed" and failed["sequence_number"] == 2
-    assert failed["response"]["error"] == {"code": "server_shutting_down", "message": message}
+    assert failed["response"]["error"] == {
+        "code": "server_error",
+        "message": message,
+        "wsmode_code": "server_shutting_down",
+    }
     assert failed["stream_id"] == "a"
     assert error_a["status"] == 503 and error_a["sequence_number"] == 3
     assert error_a["error"]["code"] == "server_shutting_down"
