@@ -27,15 +27,42 @@ CODEX = os.environ.get("CODEX_BIN", "")
 pytestmark = pytest.mark.skipif(not CODEX, reason="set CODEX_BIN to run Codex CLI")
 
 
+async def _codex_exec(
+    tmp_path: Path, config: str, env: dict[str, str], *args: str
+) -> tuple[str, list[dict[str, Any]]]:
+    """Run `codex exec ... --json <args>` with `config` as its config.toml; check that it
+    exited 0 over WebSocket mode; its whole output and its JSON events."""
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(config)
+    proc = await asyncio.create_subprocess_exec(
+        CODEX,
+        "exec",
+        "--skip-git-repo-check",
+        "--ephemeral",
+        "-s",
+        "read-only",
+        "--json",
+        *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "CODEX_HOME": str(home), **env},
+        cwd=tmp_path,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), seconds(120))
+    text = out.decode() + err.decode()
+    assert proc.returncode == 0, text
+    assert "Falling back from WebSockets" not in text
+    return text, [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+
+
 async def test_codex_exec_uses_websocket_mode(
     tmp_path: Path, sim_factory: Any, proxy_factory: Any
 ) -> None:
     sim = await sim_factory(output_tokens=12)
     proxy = await proxy_factory(sim.url)
-    home = tmp_path / "codex-home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        f"""model = "fake-model"
+    config = f"""model = "fake-model"
 model_provider = "local"
 
 [model_providers.local]
@@ -48,30 +75,10 @@ request_max_retries = 0
 stream_max_retries = 0
 stream_idle_timeout_ms = 15000
 """
-    )
     last = tmp_path / "last.txt"
-    proc = await asyncio.create_subprocess_exec(
-        CODEX,
-        "exec",
-        "--skip-git-repo-check",
-        "--ephemeral",
-        "-s",
-        "read-only",
-        "--json",
-        "-o",
-        str(last),
-        "say hi",
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "CODEX_HOME": str(home), "LOCAL_API_KEY": "sk-test"},
-        cwd=tmp_path,
+    _, events = await _codex_exec(
+        tmp_path, config, {"LOCAL_API_KEY": "sk-test"}, "-o", str(last), "say hi"
     )
-    out, err = await asyncio.wait_for(proc.communicate(), seconds(120))
-    text = out.decode() + err.decode()
-    assert proc.returncode == 0, text
-    assert "Falling back from WebSockets" not in text
-    events = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
     messages = [
         e["item"]["text"] for e in events if e.get("item", {}).get("type") == "agent_message"
     ]
@@ -94,35 +101,12 @@ async def test_codex_remote_compaction_through_the_builtin_openai_provider(
     history, which wsmode expands for the model."""
     sim = await sim_factory(output_tokens=12)
     proxy = await proxy_factory(sim.url)
-    home = tmp_path / "codex-home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        f"""model = "fake-model"
+    config = f"""model = "fake-model"
 openai_base_url = "{proxy.http}"
 model_auto_compact_token_limit = 200
 """
-    )
-    proc = await asyncio.create_subprocess_exec(
-        CODEX,
-        "exec",
-        "--skip-git-repo-check",
-        "--ephemeral",
-        "-s",
-        "read-only",
-        "--json",
-        "say hi",
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "CODEX_HOME": str(home), "CODEX_API_KEY": "sk-test"},
-        cwd=tmp_path,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), seconds(120))
-    text = out.decode() + err.decode()
-    assert proc.returncode == 0, text
-    assert "Falling back from WebSockets" not in text
+    text, events = await _codex_exec(tmp_path, config, {"CODEX_API_KEY": "sk-test"}, "say hi")
     assert "remote compact" not in text, text
-    events = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
     assert any(e["type"] == "turn.completed" for e in events), text
     assert any(e.get("item", {}).get("type") == "agent_message" for e in events), text
     bodies = sim.bodies()
