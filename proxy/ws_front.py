@@ -52,6 +52,7 @@ from .core.actions import (
 from .core.ids import new_id
 from .core.store import owner_of
 from .ops.middleware import CLOSE_CODE, OPS, REQUEST_ID
+from .ops.outbound import Outbound
 from .ops.throttle import ReadRate
 from .ops.tracking import RunTracker
 from .runtime import AppState
@@ -102,7 +103,7 @@ class ClientConnection:
         self._idle = asyncio.Event()
         self._drain_task: asyncio.Task[None] | None = None
         self.writer: AbstractStreamWriter | None = None  # set when frames go out in batches
-        self.outbound = 0  # bytes in our write buffer at the last write, in the memory budget
+        self.outbound = Outbound(state.core.memory)  # our write buffer, in the memory budget
 
     async def run(self) -> web.WebSocketResponse:
         ws = self.ws
@@ -136,7 +137,7 @@ class ClientConnection:
             await self._close(WSCloseCode.INTERNAL_ERROR, b"internal error")
         finally:
             self.tracker.clear()
-            self._count_outbound(gone=True)
+            self.outbound.release()
             self.ops.unregister(self, self.cache)
         log.info(
             "connection %s closed code=%s responses=%d bytes_in=%d bytes_out=%d",
@@ -319,31 +320,21 @@ class ClientConnection:
                 for frame in frames:
                     parts += (_text_header(len(frame)), frame)
                 transport.write(b"".join(parts))
-                self._count_outbound()
+                self.outbound.count(transport)
                 if self.request.protocol.writing_paused:  # only then can the drain block
                     async with asyncio.timeout(self.send_timeout):
                         await self.writer.drain()
         except ConnectionError:
             return  # the reader sees the close and cleans up
         except TimeoutError:
-            self._count_outbound()
+            self.outbound.count(self.request.transport)
             self.bytes_out += size  # queued already; only the wait for room timed out
             if run_id is not None:
                 raise WriteStalled from None
             return
         self.bytes_out += size
         self.ops.metrics.client_bytes_sent.inc(size)
-        self._count_outbound()
-
-    def _count_outbound(self, gone: bool = False) -> None:
-        """Report what our write buffer holds to the process memory budget, as of now (it is
-        read again at the next write; a closed connection holds nothing)."""
-        transport = self.request.transport
-        held = 0
-        if not gone and transport is not None and not transport.is_closing():
-            held = transport.get_write_buffer_size()
-        self.state.core.memory.outbound += held - self.outbound
-        self.outbound = held
+        self.outbound.count(self.request.transport)
 
     async def _pump(self, start: StartUpstream | Summarise) -> None:
         run_id = start.run_id

@@ -40,6 +40,7 @@ from ..core.errors import ClientError, ProxyError
 from ..core.http_answer import HttpAnswer
 from ..core.store import owner_of
 from ..ops.middleware import OPS, REQUEST_ID, client_left
+from ..ops.outbound import Outbound
 from ..ops.tracking import RunTracker
 from ..runtime import APP_STATE, AppState
 from ..upstream.runner import Abandon
@@ -81,6 +82,7 @@ class HttpExchange:
         self.cut = False
         self.cuttable = False
         self._cut_timer: asyncio.TimerHandle | None = None
+        self.outbound = Outbound(state.core.memory)  # an SSE stream's write buffer
 
     async def run(self, body: dict[str, Any], nbytes: int = 0) -> web.StreamResponse:
         ops = self.request.app[OPS]
@@ -90,6 +92,7 @@ class HttpExchange:
         finally:
             if self._cut_timer is not None:
                 self._cut_timer.cancel()
+            self.outbound.release()
             ops.unregister(self)
 
     async def _run(self, body: dict[str, Any], nbytes: int) -> web.StreamResponse:
@@ -217,7 +220,9 @@ class HttpExchange:
         try:
             async with asyncio.timeout(self.state.settings.server.send_timeout or None):
                 await self.sse.write(data)
+            self.outbound.count(self.request.transport)
         except TimeoutError:
+            self.outbound.count(self.request.transport)
             log.warning("http %s: client read nothing for the send timeout", self.request.remote)
             self.request.app[OPS].metrics.slow_client_cancellations.inc()
             raise ConnectionResetError("client too slow") from None

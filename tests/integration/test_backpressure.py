@@ -161,6 +161,31 @@ async def test_outbound_bytes_count_against_the_memory_budget(
         )
         held = sample(m, "wsmode_memory_bytes", part="outbound")
         assert held <= 2 * BOUND  # within the connection's own bound (plus one write)
-        assert held == proxy.state.core.memory.outbound == conn.outbound
+        assert held == proxy.state.core.memory.outbound == conn.outbound.held
     await scrape_until(proxy, lambda m: sample(m, "wsmode_connections_open") == 0)
     assert sample(await scrape(proxy), "wsmode_memory_bytes", part="outbound") == 0
+
+
+async def test_a_streamed_http_answer_counts_against_the_memory_budget(
+    sim_factory: Callable[..., Awaitable[Sim]], proxy_factory: ProxyFactory
+) -> None:
+    # an SSE stream to an HTTP client that stopped reading holds bytes in our write buffer
+    # like a WebSocket does: they are in the outbound part until the exchange ends
+    sim = await sim_factory(output_tokens=TOKENS)
+    proxy = await proxy_factory(
+        sim.url, server__outbound_buffer_bytes=BOUND, server__send_timeout=seconds(30)
+    )
+    body = b'{"model":"sim","input":"long","stream":true}'
+    reader, writer = await asyncio.open_connection(sock=small_socket(proxy.served.port))
+    writer.write(
+        b"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    await writer.drain()
+    assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+    m = await scrape_until(
+        proxy, lambda m: sample(m, "wsmode_memory_bytes", part="outbound") > BOUND // 4
+    )
+    assert sample(m, "wsmode_memory_bytes", part="outbound") <= 2 * BOUND
+    writer.transport.abort()  # the client leaves: its buffer no longer counts
+    await scrape_until(proxy, lambda m: sample(m, "wsmode_memory_bytes", part="outbound") == 0)
