@@ -66,6 +66,7 @@ class ServerSettings:
     cors_origins: tuple[str, ...] = ()  # origins that also get CORS headers and preflights
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides loopback ones
     header_timeout: float = 30.0  # a request's headers must arrive within this; idle too
+    body_timeout: float = 60.0  # a body the proxy reads whole must arrive within this; 0: off
     max_frames_per_second: float = 1000.0  # per connection; past it its reading slows; 0: off
     max_bytes_per_second: int = 64 * MiB  # per connection, the same for bytes; 0: off
     log_repeat_limit: int = 20  # WARNING+ lines per message per 10 s, then suppressed; 0: off

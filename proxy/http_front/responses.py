@@ -39,6 +39,7 @@ from ..core.actions import (
 from ..core.errors import ClientError, ProxyError
 from ..core.http_answer import HttpAnswer
 from ..core.store import owner_of
+from ..ops.bodies import read_body
 from ..ops.middleware import OPS, REQUEST_ID, client_left
 from ..ops.outbound import Outbound
 from ..ops.tracking import RunTracker
@@ -231,7 +232,7 @@ class HttpExchange:
 async def json_object(request: web.Request, raw: bytes | None = None) -> dict[str, Any]:
     """The request body as a JSON object, or ClientError `invalid_json`."""
     if raw is None:
-        raw = await request.read()
+        raw = await read_body(request, request.app[APP_STATE].settings.server.body_timeout)
     try:
         body = wire.loads(raw)
     except wire.JSONDecodeError:
@@ -243,7 +244,7 @@ async def json_object(request: web.Request, raw: bytes | None = None) -> dict[st
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     state = request.app[APP_STATE]
-    raw = await request.read()
+    raw = await read_body(request, state.settings.server.body_timeout)
     try:
         body = await json_object(request, raw)
     except ClientError as err:

@@ -22,6 +22,7 @@ from ..config import Settings, UpstreamSettings
 from ..core import wire
 from ..core.urls import redact_url
 from ..ops.auth import credentials
+from ..ops.bodies import read_body
 from ..ops.middleware import CLIENT_CLOSED, client_left
 from ..ops.origin import SitePolicy, install_site_policy
 from ..upstream.client import UpstreamClient
@@ -82,7 +83,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
     state = request.app[SIDECAR]
     if request.method != "POST":
         return await relay_http(request, state.http)
-    raw = await request.read()
+    raw = await read_body(request, state.settings.server.body_timeout)
     try:
         body = wire.loads(raw)
     except wire.JSONDecodeError:
