@@ -30,6 +30,7 @@ from ..core.session import Session
 from ..core.sse import SSEEvent
 from ..core.store import MemoryStore, StoredResponse
 from ..upstream.client import request_body
+from . import call_check
 from .clients import http_turn, ws_connect, ws_turn
 from .procs import Servers, sim_env, start_proxy, start_sim
 from .stats import median, ms, percentile
@@ -143,11 +144,24 @@ def store_puts(sizes: tuple[int, int], log: Callable[[str], None]) -> dict[str, 
     return {"sizes": rows, "ratio": round(ratio, 3)}
 
 
+def tool_output_check(sizes: tuple[int, int], log: Callable[[str], None]) -> dict[str, Any]:
+    """The cost of checking a turn's tool outputs against the conversation's call index at a
+    small and a large history (proxy/bench/call_check.py): about 1x when it does not grow."""
+    out = call_check.measure(sizes[0], sizes[1], runs=2000)
+    log(
+        f"  tool-output check: {out['small']['check_ns']:.0f} ns at {sizes[0] // 1000} KB,"
+        f" {out['large']['check_ns']:.0f} ns at {sizes[1] // 1000} KB"
+        f" ({out['ratio']['check']:.2f}x)"
+    )
+    return out
+
+
 async def run(
     sizes: list[int],
     samples: dict[int, int],
     log: Callable[[str], None],
     store_sizes: tuple[int, int] | None = None,
+    call_sizes: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     servers = Servers()
     try:
@@ -177,7 +191,13 @@ async def run(
                 )
                 results.append(r)
         store = store_puts(store_sizes, log) if store_sizes else None
-        return {"sizes": results, "build": build_body(sizes, samples=200), "store": store}
+        calls = tool_output_check(call_sizes, log) if call_sizes else None
+        return {
+            "sizes": results,
+            "build": build_body(sizes, samples=200),
+            "store": store,
+            "calls": calls,
+        }
     finally:
         servers.stop_all()
 

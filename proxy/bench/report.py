@@ -74,6 +74,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     store_ratio = (
         store.get("ratio", nan) if store.get("sizes", [{}])[-1].get("entries") == 100_000 else nan
     )
+    calls = over.get("calls") or {}
+    call_ratio = (
+        calls["ratio"]["check"] if calls.get("large", {}).get("bytes", 0) >= 4_000_000 else nan
+    )
     relay = results.get("relay", {})
     fast = {r["connections"]: r for r in relay.get("fast", [])}
     one, many = fast.get(1), fast.get(1000)
@@ -101,6 +105,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
          "<= 0.05 ms (grows only with new items)", growth, _at_most(0.05), "ms"),
         ("response store: put when full, 100,000 vs 1,000 entries (cost ratio)", "<= 3x",
          store_ratio, _at_most(3.0), "x"),
+        ("tool-output check: 4 MB vs 20 KB of history (cost ratio)", "<= 1.5x",
+         call_ratio, _at_most(1.5), "x"),
         ("relay, fast upstream, 1 connection", ">= 100,000 events/s",
          one["events_per_s"] if one else nan, _at_least(100_000), "events/s"),
         ("relay, fast upstream, 1000 connections", ">= 140,000 events/s",
@@ -170,6 +176,14 @@ def table(results: dict[str, Any]) -> str:
                 f"  response store, put when full (CPU): {small['put_us']:.2f} us at"
                 f" {small['entries']:,} entries, {full['put_us']:.2f} us at {full['entries']:,}"
                 f" ({store['ratio']:.2f}x)"
+            )
+        calls = over.get("calls")
+        if calls:
+            small, large = calls["small"], calls["large"]
+            lines.append(
+                f"  tool-output check (CPU, median): {small['check_ns']:.0f} ns at"
+                f" {small['bytes'] / 1000:.0f} KB of history, {large['check_ns']:.0f} ns at"
+                f" {large['bytes'] / 1000:.0f} KB ({calls['ratio']['check']:.2f}x)"
             )
     relay = results.get("relay")
     if relay:

@@ -38,6 +38,7 @@ class Plan:
     scale: tuple[int, ...] = (1000, 5000)
     conversation_bytes: int = 100 * KIB
     store_sizes: tuple[int, int] = (1_000, 100_000)  # a small and a full response store
+    call_sizes: tuple[int, int] = (20_000, 4_000_000)  # history bytes, tool-output check
     fairness: tuple[int, int] = (40, 3)  # turns per phase, alone/flooded repetitions
 
     def cells(self) -> list[Cell]:
@@ -82,6 +83,7 @@ SMOKE = Plan(  # the end-to-end test: every scenario, as small as it gets
     scale=(20,),
     conversation_bytes=10 * KIB,
     store_sizes=(100, 2_000),
+    call_sizes=(20_000, 200_000),
     fairness=(3, 1),
 )
 PLANS = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
@@ -186,7 +188,9 @@ async def run(
             link_method = results[name]["link"]
         elif name == "overhead":
             samples = dict(zip(plan.sizes, plan.samples, strict=True))
-            results[name] = await overhead.run(list(plan.sizes), samples, log, plan.store_sizes)
+            results[name] = await overhead.run(
+                list(plan.sizes), samples, log, plan.store_sizes, plan.call_sizes
+            )
         elif name == "relay":
             results[name] = await relay.run(replace(plan.relay, loop=relay_loop), log)
         elif name == "scale":

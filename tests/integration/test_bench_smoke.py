@@ -48,6 +48,9 @@ def test_smallest_bench_run_writes_a_complete_report(tmp_path: Path) -> None:
     store = over["store"]  # put cost into a full store, small vs large, as a ratio
     assert [r["entries"] for r in store["sizes"]] == [100, 2000]
     assert all(r["put_us"] > 0 for r in store["sizes"]) and store["ratio"] > 0
+    calls = over["calls"]  # the tool-output check at a small and a larger history
+    assert calls["small"]["calls"] < calls["large"]["calls"]
+    assert calls["small"]["check_ns"] > 0 and calls["ratio"]["check"] > 0
 
     relay = report["relay"]
     assert [r["connections"] for r in relay["fast"]] == [1, 10]
@@ -64,7 +67,8 @@ def test_smallest_bench_run_writes_a_complete_report(tmp_path: Path) -> None:
 
     results = {t["result"] for t in report["targets"]}
     assert results <= {"PASS", "FAIL", "NOT RUN"}
-    assert len(report["targets"]) == 16  # issue 11 added the store and the fairness rows
+    # issue 11 added the store and the fairness rows, issue 12 the tool-output check
+    assert len(report["targets"]) == 17
     assert "targets" in proc.stdout and "method" in proc.stdout
 
 
