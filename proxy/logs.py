@@ -28,7 +28,8 @@ from .core import wire
 request_id_var: ContextVar[str | None] = ContextVar("wsmode_request_id", default=None)
 
 # `Bearer <token>`, `Basic <token>`, key-looking strings (sk-..., any long token after
-# "key") and the password of a URL (`http://user:PASSWORD@host`, as core/urls.py shows it).
+# "key") and the password of a URL (`http://user:PASSWORD@host`) or its lone user name
+# (`http://TOKEN@host`), as core/urls.py shows them.
 # Conservative: a false positive costs a masked word in a log line.
 _SECRET = re.compile(
     r"(?i)\b(bearer|basic)\s+[^\s,;\"']+"
@@ -36,6 +37,7 @@ _SECRET = re.compile(
     r"|(api[_-]?key|authorization|token|secret)([\"']?\s*[:=]\s*[\"']?)"
     r"(?:(?:bearer|basic)\s+)?[^\s,;\"'}]+"
     r"|\b([a-z][a-z0-9+.-]*://[^/\s:@]*:)[^/\s@]+@"
+    r"|\b([a-z][a-z0-9+.-]*://)[^/\s:@]+@"
 )
 
 
@@ -47,6 +49,8 @@ def redact(text: str) -> str:
             return f"{m.group(3)}{m.group(4)}<redacted>"
         if m.group(5):
             return f"{m.group(5)}<redacted>@"
+        if m.group(6):
+            return f"{m.group(6)}<redacted>@"
         return "<redacted>"
 
     return _SECRET.sub(mask, text)

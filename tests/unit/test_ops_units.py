@@ -57,6 +57,8 @@ def test_bad_hash_files(tmp_path: Path) -> None:
         'headers {"authorization": "Basic dXNlcjpwYXNz"}',
         "api_key=hunter2hunter2",
         '{"api-key": "zzzzzzzzzz"}',
+        "upstream http://bob:hunter2@127.0.0.1:8000/v1 (responses dialect)",
+        "upstream https://zzzzqqqq@models.example/v1 (responses dialect)",
     ],
 )
 def test_redact_masks_secrets(text: str) -> None:
