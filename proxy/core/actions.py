@@ -74,6 +74,9 @@ class Finished:
     response_id: str | None
     outcome: Outcome
     usage: dict[str, Any] | None = None
+    # the input checks refused the run's new input: the error's code ("no_tool_call" for a
+    # tool output that answers no call); `wsmode_input_refusals_total{reason}` counts them
+    refused: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

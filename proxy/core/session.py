@@ -436,7 +436,9 @@ class Session:
         refused = self._check_input(run)
         if refused is not None:  # a failed continuation: the parent goes (PROTOCOL 4.2)
             self._evict_parent(run)
-            return [Send(self._error_frame(refused, req.lane)), *self._end(run, Outcome.REJECTED)]
+            why = refused.code or "no_tool_call"
+            frame = self._error_frame(refused, req.lane)
+            return [Send(frame), *self._end(run, Outcome.REJECTED, refused=why)]
         if not req.generate:
             return self._warmup(run)
         if self.context is not None and has_trigger(req.input_items):
@@ -576,7 +578,8 @@ class Session:
             return []
         self._evict_parent(run)  # a failed continuation (PROTOCOL 4.2)
         outcome = Outcome.REJECTED if isinstance(err, ClientError) else Outcome.FAILED
-        return [Send(self._error_frame(err, run.req.lane)), *self._end(run, outcome)]
+        why = err.code or "moderation"
+        return [Send(self._error_frame(err, run.req.lane)), *self._end(run, outcome, refused=why)]
 
     def _visible(self, items: tuple[bytes, ...]) -> tuple[tuple[bytes, ...], bool]:
         """The new input as the call index sees it: compaction items expanded when they are
@@ -729,6 +732,7 @@ class Session:
         usage: dict[str, Any] | None = None,
         *,
         silent: bool = False,
+        refused: str | None = None,
     ) -> list[Action]:
         """The one end of every run: DONE, forgotten, its lane free; then the
         `response.steer.failed` owed to its steers (PROTOCOL 2.2: an undelivered successor's
@@ -743,7 +747,7 @@ class Session:
         if silent:
             return []
         out = self.steering.settle(run, outcome in _DELIVERED)
-        out.append(Finished(run.id, response_id, outcome, usage))
+        out.append(Finished(run.id, response_id, outcome, usage, refused))
         return out + self._schedule() + self._maybe_close()
 
     def _maybe_close(self) -> list[Action]:

@@ -132,6 +132,13 @@ class Metrics:
             "Responses cancelled because the client stopped reading for server.send_timeout.",
             registry=r,
         )
+        self.input_refusals = Counter(
+            "wsmode_input_refusals",
+            "Turns whose new input the input checks refused, by the error's code "
+            "(no_tool_call, input_too_large, invalid_prompt, moderation_unavailable).",
+            ["reason"],
+            registry=r,
+        )
         self.client_messages_throttled = Counter(
             "wsmode_client_messages_throttled",
             "Client messages read late: their connection was past server.max_frames_per_second "

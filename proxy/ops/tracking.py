@@ -140,6 +140,8 @@ class RunTracker:
         m = self.metrics
         outcome = action.outcome.value  # the label and record keep the plain strings
         m.responses.labels(outcome, self.dialect).inc()
+        if action.refused is not None:
+            m.input_refusals.labels(action.refused).inc()
         trace = self.traces.pop(action.run_id, None)
         now = self.clock()
         if (

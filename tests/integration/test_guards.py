@@ -67,6 +67,8 @@ async def test_new_input_size_is_limited_not_the_history(
         assert len(sim.bodies()) == 4
         assert prev is not None
         await assert_parent_evicted(ws, prev)
+    m = await scrape(proxy)
+    assert sample(m, "wsmode_input_refusals_total", reason="input_too_large") == 1
 
 
 async def test_deny_patterns(sim: Sim, proxy_factory: ProxyFactory) -> None:
@@ -84,6 +86,9 @@ async def test_deny_patterns(sim: Sim, proxy_factory: ProxyFactory) -> None:
     status, body = await post_responses(proxy, {"model": "sim", "input": "tell secret-7"})
     assert status == 400 and body["error"]["code"] == "invalid_prompt"
     assert len(sim.bodies()) == 1
+    # both refusals, over WebSocket and over HTTP, are counted
+    m = await scrape(proxy)
+    assert sample(m, "wsmode_input_refusals_total", reason="invalid_prompt") == 2
 
 
 async def test_moderation_sees_only_new_text_and_blocks_a_flagged_turn(
@@ -152,6 +157,8 @@ async def test_moderation_failure_fails_closed_or_open(
         assert err["type"] == "error" and err["status"] == 503
         assert err["error"]["code"] == "moderation_unavailable"
     assert sim.bodies() == []
+    m = await scrape(closed)
+    assert sample(m, "wsmode_input_refusals_total", reason="moderation_unavailable") == 1
     opened = await proxy_factory(sim.url, guards__moderation_fail_open=True, **down)
     async with connect(opened.ws) as ws:
         assert (await turn(ws, "hello"))["type"] == "response.completed"

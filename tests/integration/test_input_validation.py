@@ -11,7 +11,18 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.helpers import Proxy, Sim, create, post_responses, recv, sdk_terminal, send, user
+from tests.helpers import (
+    Proxy,
+    Sim,
+    create,
+    post_responses,
+    recv,
+    sample,
+    scrape,
+    sdk_terminal,
+    send,
+    user,
+)
 from tests.helpers import until_terminal as terminal_of
 
 TOOLS = [
@@ -64,6 +75,8 @@ async def test_orphan_output_is_refused_and_evicts_the_parent(
         call_id = first["output"][-1]["call_id"]
         await send(ws, create(input=[output(call_id)], previous_response_id=first["id"]))
         assert (await recv(ws))["error"]["code"] == "previous_response_not_found"
+    m = await scrape(proxy)
+    assert sample(m, "wsmode_input_refusals_total", reason="no_tool_call") == 1
 
 
 @DIALECTS
