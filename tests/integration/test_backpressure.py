@@ -112,13 +112,9 @@ async def test_a_reading_client_is_never_cancelled(
     assert sample(m, "wsmode_slow_client_cancellations_total") == 0
 
 
-async def test_http_sse_client_that_stops_reading(
-    sim_factory: Callable[..., Awaitable[Sim]], proxy_factory: ProxyFactory
-) -> None:
-    sim = await sim_factory(output_tokens=TOKENS)
-    proxy = await proxy_factory(
-        sim.url, server__outbound_buffer_bytes=BOUND, server__send_timeout=seconds(1)
-    )
+async def stalled_sse_post(proxy: Proxy) -> asyncio.StreamWriter:
+    """A streaming `POST /v1/responses` over a small socket whose client reads the status
+    line and then nothing more: the proxy's writes back up."""
     body = b'{"model":"sim","input":"long","stream":true}'
     reader, writer = await asyncio.open_connection(sock=small_socket(proxy.served.port))
     writer.write(
@@ -127,6 +123,17 @@ async def test_http_sse_client_that_stops_reading(
     )
     await writer.drain()
     assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+    return writer
+
+
+async def test_http_sse_client_that_stops_reading(
+    sim_factory: Callable[..., Awaitable[Sim]], proxy_factory: ProxyFactory
+) -> None:
+    sim = await sim_factory(output_tokens=TOKENS)
+    proxy = await proxy_factory(
+        sim.url, server__outbound_buffer_bytes=BOUND, server__send_timeout=seconds(1)
+    )
+    writer = await stalled_sse_post(proxy)
     # ...and now we read nothing more
     m = await scrape_until(
         proxy,
@@ -175,14 +182,7 @@ async def test_a_streamed_http_answer_counts_against_the_memory_budget(
     proxy = await proxy_factory(
         sim.url, server__outbound_buffer_bytes=BOUND, server__send_timeout=seconds(30)
     )
-    body = b'{"model":"sim","input":"long","stream":true}'
-    reader, writer = await asyncio.open_connection(sock=small_socket(proxy.served.port))
-    writer.write(
-        b"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-    )
-    await writer.drain()
-    assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+    writer = await stalled_sse_post(proxy)
     m = await scrape_until(
         proxy, lambda m: sample(m, "wsmode_memory_bytes", part="outbound") > BOUND // 4
     )
