@@ -24,6 +24,7 @@ from ..config import GuardSettings
 from ..core import wire
 from ..core.errors import ProxyError
 from ..core.guards import refused_prompt
+from .client import refuse_redirects
 
 log = logging.getLogger("wsmode.guards")
 
@@ -43,15 +44,17 @@ class Moderator:
     def __init__(self, settings: GuardSettings) -> None:
         self.settings = settings
         self.session: aiohttp.ClientSession | None = None
-        self.flagged = 0  # turns refused, for logs and tests
-        self.failures = 0
 
     async def start(self) -> None:
         headers = {"Content-Type": "application/json"}
         if self.settings.moderation_api_key:
             headers["Authorization"] = f"Bearer {self.settings.moderation_api_key}"
+        # like every upstream session, it never follows a redirect: the new text and the
+        # moderation key would go to wherever it points (a refused one is a failure below)
         self.session = aiohttp.ClientSession(
-            headers=headers, timeout=aiohttp.ClientTimeout(total=self.settings.moderation_timeout)
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=self.settings.moderation_timeout),
+            middlewares=(refuse_redirects,),
         )
 
     async def close(self) -> None:
@@ -63,18 +66,15 @@ class Moderator:
         try:
             results = await self._ask(texts)
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
-            self.failures += 1
             why = "timed out" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
             log.warning("%s moderation failed: %s", label, why)
             if self.settings.moderation_fail_open:
                 return None
             return ModerationUnavailable(why)
-        categories = sorted(
-            {name for r in results if r.get("flagged") is True for name in _true(r)}
-        )
-        if not any(r.get("flagged") is True for r in results):
+        flagged = [r for r in results if r.get("flagged") is True]
+        if not flagged:
             return None
-        self.flagged += 1
+        categories = sorted({name for r in flagged for name in _true(r)})
         log.info("%s input flagged by moderation (%s)", label, ", ".join(categories) or "-")
         what = f" ({', '.join(categories)})" if categories else ""
         return refused_prompt(f"the input was flagged by the moderation service{what}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from aiohttp import web
 from websockets.asyncio.client import connect
 
 from tests.helpers import (
@@ -22,6 +23,7 @@ from tests.helpers import (
     sdk_terminal,
     seconds,
     send,
+    serve,
     until_terminal,
     user,
 )
@@ -181,3 +183,27 @@ async def test_moderation_time_is_the_proxy_part_of_time_to_first_event(
     up = sample(m, "wsmode_time_to_first_event_seconds_sum", part="upstream")
     total = sample(m, "wsmode_time_to_first_event_seconds_sum", part="total")
     assert total - up >= delay
+
+
+async def test_moderation_never_follows_a_redirect(sim: Sim, proxy_factory: ProxyFactory) -> None:
+    """The moderation endpoint answers 307 to the sim's: following it would send the new
+    text (and the moderation key) elsewhere; it is a failed check instead (fail closed)."""
+
+    async def moved(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(f"{sim.served.base}/v1/moderations")
+
+    app = web.Application()
+    app.router.add_post("/v1/moderations", moved)
+    redirecting = await serve(app)
+    try:
+        proxy = await proxy_factory(
+            sim.url, guards__moderation_url=f"{redirecting.base}/v1/moderations"
+        )
+        async with connect(proxy.ws) as ws:
+            err = await turn(ws, "hello")
+    finally:
+        await redirecting.runner.cleanup()
+    assert err["type"] == "error" and err["status"] == 503
+    assert err["error"]["code"] == "moderation_unavailable"
+    assert "307" in err["error"]["message"]
+    assert list(sim.state.moderations) == [] and sim.bodies() == []
