@@ -75,6 +75,16 @@ async def frames_until_error(ws: ClientConnection) -> list[dict[str, Any]]:
             return out
 
 
+async def one_turn_through(proxy_factory: Any, handler: Handler) -> list[dict[str, Any]]:
+    """One turn through a proxy in front of the model server `handler`: its frames up to
+    the first `error` (`frames_until_error`)."""
+    async with model(handler) as upstream:
+        proxy = await proxy_factory(f"{upstream.base}/v1")
+        async with connect(proxy.ws) as ws:
+            await send(ws, create(input="hi"))
+            return await frames_until_error(ws)
+
+
 # ------------------------------------------------------------------ 9: redirects
 
 
@@ -200,11 +210,7 @@ async def test_an_upstream_event_that_is_not_json_fails_the_response(
         events[at] = ("response.output_text.delta", body)
         return await stream(request, events)
 
-    async with model(broken) as upstream:
-        proxy = await proxy_factory(f"{upstream.base}/v1")
-        async with connect(proxy.ws) as ws:
-            await send(ws, create(input="hi"))
-            events = await frames_until_error(ws)
+    events = await one_turn_through(proxy_factory, broken)
     assert [e["type"] for e in events[-2:]] == ["response.failed", "error"]
     assert events[-1]["error"]["code"] == "upstream_protocol_error"
     assert (
@@ -225,16 +231,12 @@ async def test_an_event_line_that_disagrees_with_its_body_fails_the_response(
         events.insert(3, ("response.output_text.delta", completed))
         return await stream(request, events)
 
-    async with model(lying) as upstream:
-        proxy = await proxy_factory(f"{upstream.base}/v1")
-        async with connect(proxy.ws) as ws:
-            await send(ws, create(input="hi"))
-            events = await frames_until_error(ws)
-            kinds = [e["type"] for e in events]
-            assert "response.completed" not in kinds
-            assert kinds[-2:] == ["response.failed", "error"]
-            assert events[-1]["error"]["code"] == "upstream_protocol_error"
-            assert "response.completed" in events[-1]["error"]["message"]
+    events = await one_turn_through(proxy_factory, lying)
+    kinds = [e["type"] for e in events]
+    assert "response.completed" not in kinds
+    assert kinds[-2:] == ["response.failed", "error"]
+    assert events[-1]["error"]["code"] == "upstream_protocol_error"
+    assert "response.completed" in events[-1]["error"]["message"]
 
 
 # ------------------------------------------------------------------ 8: nesting
