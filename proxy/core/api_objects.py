@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import wire
+
 TERMINAL_TYPES = frozenset({"response.completed", "response.failed", "response.incomplete"})
 
 # Request fields echoed in the response object, with the value the API reports when unset.
@@ -124,7 +126,7 @@ def count(obj: Any, key: str) -> int:
     """A token count read from a reported usage object (`obj` may be anything): the value
     when it is an int, else 0, so a partial or malformed report still gives numbers."""
     v = obj.get(key) if isinstance(obj, dict) else None
-    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+    return v if wire.is_int(v) else 0
 
 
 def add_usage(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -136,13 +138,9 @@ def add_usage(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         y = b.get(key)
         if isinstance(x, dict) and isinstance(y, dict):
             out[key] = add_usage(x, y)
-        elif _is_count(x) and _is_count(y):
+        elif wire.is_int(x) and wire.is_int(y):
             out[key] = x + y
     return out
-
-
-def _is_count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def echoed_tools(tools: Any) -> Any:

@@ -164,7 +164,7 @@ def error_status(ev: dict[str, Any], err: dict[str, Any]) -> int:
     """An `error` event's HTTP status: its `status` (Codex also accepts `status_code`, 3.2)
     when it is an error status, else its code's, else its type's, else 500."""
     status = ev.get("status", ev.get("status_code"))
-    if isinstance(status, int) and not isinstance(status, bool) and 400 <= status <= 599:
+    if wire.is_int(status) and 400 <= status <= 599:
         return status
     etype = err.get("type")
     by_type = _STATUS_OF_TYPE.get(etype) if isinstance(etype, str) else None
@@ -251,7 +251,7 @@ class HttpAnswer:
                 code if isinstance(code, str) else None,
                 err.get("message") or _NO_MESSAGE,
                 err.get("param"),
-                seq if isinstance(seq, int) and not isinstance(seq, bool) else fallback_seq,
+                seq if wire.is_int(seq) else fallback_seq,
             )
             return Write(sse("error", wire.dumps(sse_error)))
         if self.outcome is None:

@@ -7,12 +7,17 @@ the standard library on the large `response.completed` objects and request bodie
 from __future__ import annotations
 
 import typing
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
 JSONDecodeError = orjson.JSONDecodeError
 JSONEncodeError = orjson.JSONEncodeError  # a value nested too deeply to write (`MAX_DEPTH`)
+
+
+def is_int(value: Any) -> TypeGuard[int]:
+    """A JSON integer as decoded (`true` decodes to a bool, which Python counts as an int)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def loads(data: bytes | bytearray | memoryview | str) -> Any:

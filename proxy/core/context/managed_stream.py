@@ -111,7 +111,7 @@ class ManagedStream:
             if isinstance(seq, int):
                 ev["sequence_number"] = seq + self._shift
             index = ev.get("output_index")
-            if isinstance(index, int) and not isinstance(index, bool):
+            if wire.is_int(index):
                 ev["output_index"] = index + 1
             out.append(self._terminal(ev) if kind in TERMINAL_TYPES else wire.dumps(ev))
         return out

@@ -120,7 +120,7 @@ def tokenize_count(answer: Any) -> int | None:
     if not isinstance(answer, dict):
         return None
     count = answer.get("count")
-    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+    if wire.is_int(count) and count >= 0:
         return count
     tokens = answer.get("tokens")
     if isinstance(tokens, list):

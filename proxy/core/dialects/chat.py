@@ -199,7 +199,7 @@ class ChatStream(BuiltStream):
         index = frag.get("index")
         fid = frag.get("id") if isinstance(frag.get("id"), str) and frag.get("id") else None
         key: Hashable
-        if isinstance(index, int) and not isinstance(index, bool):
+        if wire.is_int(index):
             key = index
         elif fid is not None:  # no index (old Ollama): the call with this id, or a new one
             key = next((k for k, c in self._calls.items() if c.id == fid), ("id", fid))
