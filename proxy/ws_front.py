@@ -313,6 +313,7 @@ class ClientConnection:
                 async with asyncio.timeout(self.send_timeout):
                     for frame in frames:
                         await ws.send_frame(frame, WSMsgType.TEXT)
+                self.outbound.count(self.request.transport)
             elif transport.is_closing():
                 return  # the reader sees the close and cleans up
             else:
@@ -320,10 +321,11 @@ class ClientConnection:
                 for frame in frames:
                     parts += (_text_header(len(frame)), frame)
                 transport.write(b"".join(parts))
-                self.outbound.count(transport)
+                self.outbound.count(transport)  # counted again only if the drain waited
                 if self.request.protocol.writing_paused:  # only then can the drain block
                     async with asyncio.timeout(self.send_timeout):
                         await self.writer.drain()
+                    self.outbound.count(transport)
         except ConnectionError:
             return  # the reader sees the close and cleans up
         except TimeoutError:
@@ -334,7 +336,6 @@ class ClientConnection:
             return
         self.bytes_out += size
         self.ops.metrics.client_bytes_sent.inc(size)
-        self.outbound.count(self.request.transport)
 
     async def _pump(self, start: StartUpstream | Summarise) -> None:
         run_id = start.run_id
