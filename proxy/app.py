@@ -1,8 +1,9 @@
 """The aiohttp application: routes, start-up and shutdown.
 
 `GET /v1/responses` with an Upgrade header is WebSocket mode; `GET /healthz` reports
-health; every other `/v1/*` request is passed through to the upstream. With no upstream
-configured, the built-in simulated model is started on a free loopback port and fronted.
+liveness and `GET /readyz` readiness (an upstream replica is healthy); every other `/v1/*`
+request is passed through to the upstream. With no upstream configured, the built-in
+simulated model is started on a free loopback port and fronted.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .runtime import APP_STATE, AppState
 from .sim.app import create_sim_app
 from .upstream.client import UpstreamClient
 from .upstream.moderation import Moderator
+from .upstream.pool import UpstreamPool
 from .upstream.probe import probe
 from .upstream.tokenizer import TokenizeWorker, tokenize_url
 from .ws_front import ClientConnection
@@ -71,11 +73,13 @@ async def _responses(request: web.Request) -> web.StreamResponse:
 
 
 async def _healthz(request: web.Request) -> web.Response:
+    """Liveness: 200 unless draining; `ready` says what /readyz would."""
     state = request.app[APP_STATE]
     draining = request.app[OPS].draining
     return web.json_response(
         {
             "status": "draining" if draining else "ok",
+            "ready": not draining and not _not_ready(state),
             "upstream": redact_url(state.upstream_url),
             "simulated_upstream": state.simulated,
             "dialect": state.policy.dialect.name,
@@ -85,21 +89,47 @@ async def _healthz(request: web.Request) -> web.Response:
     )
 
 
+def _not_ready(state: AppState) -> list[str]:
+    """Why the process cannot serve now; empty when it can."""
+    if state.pool.ready:
+        return []
+    return ["no upstream replica is healthy: " + ", ".join(r.name for r in state.pool.replicas)]
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    """Readiness: 200 while at least one upstream replica is healthy and not ejected, and
+    the server is not draining; else 503 with the reasons."""
+    state = request.app[APP_STATE]
+    reasons = _not_ready(state)
+    if request.app[OPS].draining:
+        reasons.append("the server is draining")
+    doc: dict[str, object] = {"status": "not ready" if reasons else "ready"}
+    if reasons:
+        doc["reasons"] = reasons
+    doc["upstreams"] = state.pool.snapshot()
+    return web.json_response(doc, status=503 if reasons else 200)
+
+
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.server.max_message_bytes)
     core = build_core(settings)
-    url = settings.upstream.url
+    urls = settings.upstream.replicas
+    url = urls[0] if urls else ""
+    client = UpstreamClient(url, settings.upstream)
     app[APP_STATE] = AppState(
         core=core,
-        upstream=UpstreamClient(url, settings.upstream),
+        upstream=client,
         upstream_url=url,
+        pool=UpstreamPool(client, settings.upstream, urls),
         simulated=not url,
         moderator=Moderator(settings.guards) if settings.guards.moderation_url else None,
     )
     app.cleanup_ctx.append(_lifecycle)
     app.cleanup_ctx.append(_tokenizer)
-    install(app, settings, core.cache_budget, app[APP_STATE].upstream.gate)
+    ops = install(app, settings, core.cache_budget, app[APP_STATE].pool)
+    ops.metrics.add_state(app[APP_STATE].pool.families)
     app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
     app.router.add_route("*", "/v1/responses", _responses)
     app.router.add_post("/v1/responses/compact", compact_response)
     app.router.add_get("/v1/responses/{response_id}", get_response)
@@ -122,6 +152,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         port = sim_runner.addresses[0][1]
         state.upstream_url = f"http://127.0.0.1:{port}/v1"
         state.upstream.base_url = state.upstream_url
+        state.pool.set_urls([state.upstream_url])
         log.warning(
             "no upstream configured: fronting the built-in SIMULATED model at %s "
             "(its answers are not a real model's; pass --upstream URL for a real one)",
@@ -131,12 +162,19 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     if state.moderator is not None:
         await state.moderator.start()
     if isinstance(state.policy.dialect, AutoDialect):
-        await probe(state.upstream, state.policy.dialect)
-    shown = redact_url(state.upstream_url)
+        await probe(state.upstream, state.policy.dialect, [r.url for r in state.pool.replicas])
+    shown = ", ".join(redact_url(r.url) for r in state.pool.replicas)
     log.info("upstream %s (%s dialect)", shown, state.policy.dialect.name)
+    checks: asyncio.Task[None] | None = None
+    if state.settings.upstream.health_interval > 0:
+        checks = asyncio.create_task(state.pool.run_checks(), name="wsmode-health-checks")
     try:
         yield
     finally:
+        if checks is not None:
+            checks.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await checks
         await state.upstream.close()
         if state.moderator is not None:
             await state.moderator.close()
@@ -151,7 +189,11 @@ async def _tokenizer(app: web.Application) -> AsyncIterator[None]:
     t = state.settings.tokens
     task: asyncio.Task[None] | None = None
     if state.context is not None and t.tokenize_url:
-        url = tokenize_url(t.tokenize_url, state.upstream_url)
+        pool, setting = state.pool, t.tokenize_url
+
+        def url() -> str:  # beside the least-loaded available replica, per call
+            return tokenize_url(setting, pool.pick().url)
+
         state.tokenizer = TokenizeWorker(state.upstream, state.context, url, t.max_pending_jobs)
         task = asyncio.create_task(state.tokenizer.run(), name="wsmode-tokenizer")
     try:

@@ -43,10 +43,13 @@ class Core:
     context: ContextManager | None  # compaction and context windows; None when switched off
     guards: Guards | None = None  # checks of each turn's new input ([guards])
 
-    def session(self, owner: str, max_entries: int | None = None) -> Session:
+    def session(
+        self, owner: str, max_entries: int | None = None, chain_key: str | None = None
+    ) -> Session:
         """A session for one connection, or for one HTTP request with `max_entries=0`: a
         request's state is gone when its response ends (a stored response lives in the
-        store), so it never takes a place in the process-wide cache."""
+        store), so it never takes a place in the process-wide cache. `chain_key`: the key
+        of a new chain that names none (a WebSocket connection's id: core/routing.py)."""
         c = self.settings.cache
         cache = ResponseCache(
             self.cache_budget,
@@ -64,6 +67,7 @@ class Core:
             context=self.context,
             guards=self.guards,
             memory=self.memory,
+            chain_key=chain_key,
         )
 
 
@@ -78,6 +82,8 @@ def build_core(settings: Settings) -> Core:
             dialect=make_dialect(settings),
             store=settings.upstream.store,
             native_previous_response_id=settings.upstream.native_previous_response_id,
+            session_key_in_body=settings.upstream.session_key_in_body,
+            llamacpp_slots=settings.upstream.llamacpp_slots,
         ),
         limits=settings.limits,
         cache_budget=cache_budget,

@@ -68,8 +68,10 @@ def main() -> None:
 @click.option("--port", type=int, help="Port to listen on (default 8080). [WSMODE_PORT]")
 @click.option(
     "--upstream",
-    help="Base URL of the model server, e.g. http://127.0.0.1:8081/v1. Without it the "
-    "built-in simulated model is fronted. [WSMODE_UPSTREAM]",
+    multiple=True,
+    help="Base URL of the model server, e.g. http://127.0.0.1:8081/v1; repeat it for "
+    "several replicas (docs/pool.md). Without it the built-in simulated model is fronted. "
+    "[WSMODE_UPSTREAM, WSMODE_UPSTREAM_URLS]",
 )
 @_config_option("TOML config file (see config/wsmode.example.toml).")
 @click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR. [WSMODE_SERVER_LOG_LEVEL]")
@@ -82,7 +84,7 @@ def main() -> None:
 def serve(
     host: str | None,
     port: int | None,
-    upstream: str | None,
+    upstream: tuple[str, ...],
     config: str | None,
     log_level: str | None,
     log_format: str | None,
@@ -100,7 +102,9 @@ def serve(
         {
             "server.host": host,
             "server.port": port,
-            "upstream.url": upstream,
+            # one flag: upstream.url; several: upstream.urls. Either replaces both keys
+            "upstream.url": (upstream[0] if len(upstream) == 1 else "") if upstream else None,
+            "upstream.urls": (upstream if len(upstream) > 1 else ()) if upstream else None,
             "server.log_level": log_level,
             "server.log_format": log_format,
             **_parse_sets(sets),

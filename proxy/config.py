@@ -88,6 +88,28 @@ class UpstreamSettings:
     queue_timeout: float = 30.0  # longest wait for a free upstream connection
     api_key: str = field(default="", metadata=SECRET)  # set: replaces the client's credential
     context_window: int = 0  # tokens; 0 = unknown (no truncation, no overflow check)
+    # ---- the upstream pool (issue 13, docs/pool.md): several replicas of one model server
+    urls: tuple[str, ...] = ()  # base URLs of the replicas; `url` alone is a pool of one
+    affinity: str = "conversation"  # or "none": least-loaded, ties round-robin
+    load_bound: float = 1.25  # a new chain skips a replica above ceil(this x average); 0: off
+    health_path: str = "models"  # GET, resolved against each base URL (RFC 3986)
+    health_interval: float = 5.0  # seconds between active checks; 0: no active checks
+    health_timeout: float = 2.0  # one check's time limit
+    healthy_threshold: int = 1  # consecutive good checks that make a replica healthy again
+    unhealthy_threshold: int = 2  # consecutive failed checks that make it unhealthy
+    eject_after_failures: int = 3  # consecutive request failures (connect, 5xx); 0: never
+    eject_seconds: float = 30.0  # how long an ejected replica gets no requests
+    session_header: str = "x-session-id"  # the chain's key as a header upstream; "": none
+    session_key_in_body: bool = True  # ... and as prompt_cache_key when the client set none
+    llamacpp_slots: int = 0  # > 0: pin each chain to llama.cpp slot hash(chain) % this
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        """The base URLs of the pool's replicas (empty: the built-in simulated model)."""
+        return self.urls or ((self.url,) if self.url else ())
+
+
+AFFINITY_CHOICES = ("conversation", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,8 +315,7 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"upstream.api must be one of {', '.join(API_CHOICES)}")
     if s.upstream.native_previous_response_id and s.upstream.api != "responses":
         raise ConfigError("upstream.native_previous_response_id needs upstream.api = responses")
-    if s.upstream.url and not s.upstream.url.startswith(("http://", "https://")):
-        raise ConfigError("upstream.url must start with http:// or https://")
+    _validate_pool(s.upstream)
     if not 0 <= s.server.port <= 65535:
         raise ConfigError("server.port must be between 0 and 65535")
     if s.sidecar.upstream and not s.sidecar.upstream.startswith(("http://", "https://")):
@@ -327,6 +348,33 @@ def _validate(s: Settings) -> None:
             value = getattr(section, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
                 raise ConfigError(f"{f.name} must not be negative")
+
+
+def _validate_pool(u: UpstreamSettings) -> None:
+    if u.url and u.urls and (u.url,) != u.urls:
+        raise ConfigError("upstream.url and upstream.urls are both set: list every URL in urls")
+    for url in u.replicas:
+        if not url.startswith(("http://", "https://")):
+            what = "upstream.urls entries" if u.urls else "upstream.url"
+            raise ConfigError(f"{what} must start with http:// or https:// ({redact_url(url)})")
+    stripped = [url.rstrip("/") for url in u.replicas]
+    if len(set(stripped)) != len(stripped):
+        raise ConfigError("upstream.urls lists the same URL twice")
+    if u.native_previous_response_id and len(u.replicas) > 1:
+        raise ConfigError(
+            "upstream.native_previous_response_id needs a single upstream: the upstream's "
+            "own state lives on one replica, and a chain that moves would lose it"
+        )
+    if u.affinity not in AFFINITY_CHOICES:
+        raise ConfigError(f"upstream.affinity must be one of {', '.join(AFFINITY_CHOICES)}")
+    if 0 < u.load_bound < 1:
+        raise ConfigError("upstream.load_bound must be 0 (off) or at least 1")
+    if u.health_interval and u.health_timeout <= 0:
+        raise ConfigError("upstream.health_timeout must be more than 0")
+    if u.healthy_threshold < 1 or u.unhealthy_threshold < 1:
+        raise ConfigError("upstream.healthy_threshold and unhealthy_threshold must be at least 1")
+    if u.session_header and not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", u.session_header):
+        raise ConfigError("upstream.session_header must be a valid header name, or empty")
 
 
 def as_dict(settings: Settings) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""What one running app shares across its connections: the core, the upstream client, and
+"""What one running app shares across its connections: the core, the upstream pool, and
 the values only known once it runs (the simulated upstream's URL, the tokenizer worker)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from .core.policy import UpstreamPolicy
 from .core.store import ResponseStore
 from .upstream.client import FORWARDED_HEADERS, UpstreamClient
 from .upstream.moderation import Moderator
+from .upstream.pool import UpstreamPool
 from .upstream.runner import Channel
 from .upstream.tokenizer import TokenizeWorker
 
@@ -24,7 +25,8 @@ from .upstream.tokenizer import TokenizeWorker
 class AppState:
     core: Core
     upstream: UpstreamClient
-    upstream_url: str
+    upstream_url: str  # the first replica's (or the built-in simulated model's)
+    pool: UpstreamPool  # the replicas of upstream.urls, their health and placement
     simulated: bool = False
     tokenizer: TokenizeWorker | None = None  # exact token counts, in the background
     moderator: Moderator | None = None  # the input guards' moderation hook ([guards])
@@ -35,7 +37,7 @@ class AppState:
         forwarded (FORWARDED_HEADERS), and `label` to name the client in log lines."""
         headers = {k: v for k, v in client_headers.items() if k.lower() in FORWARDED_HEADERS}
         max_event = self.settings.upstream.max_event_bytes
-        return Channel(self.upstream, headers, max_event, label, self.moderator)
+        return Channel(self.pool, headers, max_event, label, self.moderator)
 
     # the core's parts the fronts read most, by their short names
     @property

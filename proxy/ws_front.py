@@ -82,7 +82,8 @@ class ClientConnection:
             writer_limit=max(1024, s.server.outbound_buffer_bytes // 2),
         )
         owner = owner_of(request.headers.get("Authorization"))
-        self.session = state.core.session(owner)
+        # a new chain that names no key goes where the connection's others go (routing.py)
+        self.session = state.core.session(owner, chain_key=self.id)
         self.cache = self.session.cache
         self.tracker = RunTracker(
             self.ops.metrics,

@@ -43,6 +43,17 @@ class RunCreated:
 
 
 @dataclass(frozen=True, slots=True)
+class Route:
+    """Where a run's request should go, for the upstream pool to decide (upstream/pool.py):
+    the replica that served the run's parent (None: a new chain, or one never served), and
+    the key of the run's chain (core/routing.py), which also goes upstream as its session
+    key. The adapter tells the session which replica it chose (`Session.routed`)."""
+
+    replica: str | None
+    chain: str
+
+
+@dataclass(frozen=True, slots=True)
 class StartUpstream:
     run_id: int
     body: list[bytes]  # pieces of the JSON body, concatenated by the adapter
@@ -50,6 +61,7 @@ class StartUpstream:
     # the new input's text, to moderate before the request goes out (core/guards.py); the
     # runner answers a refusal with `Session.input_refused`
     moderate: tuple[str, ...] | None = None
+    route: Route | None = None  # where the request should go (upstream/pool.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +89,8 @@ class Finished:
     # the input checks refused the run's new input: the error's code ("no_tool_call" for a
     # tool output that answers no call); `wsmode_input_refusals_total{reason}` counts them
     refused: str | None = None
+    replica: str | None = None  # the upstream replica that served the run (upstream/pool.py)
+    cached_tokens: int | None = None  # prompt tokens the upstream reported served from its cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +121,7 @@ __all__ = [
     "CountTokens",
     "Finished",
     "Outcome",
+    "Route",
     "RunCreated",
     "Send",
     "StartUpstream",

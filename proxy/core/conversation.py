@@ -120,6 +120,10 @@ class CachedResponse:
     # new text no moderation has seen (a `generate: false` turn's): the next turn that goes
     # to the model has it moderated with its own (core/guards.py)
     unmoderated: tuple[str, ...] = ()
+    # the upstream replica that served this response (upstream/pool.py), and the id of its
+    # chain's first response: where the chain's next turn goes, and the session key upstream
+    replica: str | None = None
+    chain: str | None = None
 
     def items(self) -> Iterator[bytes]:
         for seg in self.segments:
@@ -144,15 +148,27 @@ class CachedResponse:
         opaque: bool = False,
         seen: Iterable[bytes] | None = None,
         unmoderated: tuple[str, ...] = (),
+        replica: str | None = None,
+        chain: str | None = None,
     ) -> CachedResponse:
         """The conversation continued by `added`. `compacted`: `added` starts with what a
         compaction left of the history, so the parent's segments go, its index stays.
         `seen`: the items to index in place of `added`'s (compaction items expanded).
-        `unmoderated`: the text of `added` that no moderation saw (a warmup's)."""
+        `unmoderated`: the text of `added` that no moderation saw (a warmup's).
+        `replica`, `chain`: where the response was served and its chain's key (routing.py);
+        a response no replica served (a warmup) stays where its parent was."""
         segments = (added,) if compacted else (*self.segments, added)
         calls = index_calls(self.calls, added.items if seen is None else seen)
         return CachedResponse(
-            response_id, lane, segments, settings, calls, self.opaque or opaque, unmoderated
+            response_id,
+            lane,
+            segments,
+            settings,
+            calls,
+            self.opaque or opaque,
+            unmoderated,
+            replica if replica is not None else self.replica,
+            chain if chain is not None else self.chain,
         )
 
 

@@ -35,3 +35,6 @@ class UpstreamPolicy:
     dialect: Dialect
     store: bool = False  # the `store` sent upstream on rebuilt requests
     native_previous_response_id: bool = False
+    # the chain's key in the body as `prompt_cache_key` when the client set none (routing.py)
+    session_key_in_body: bool = False
+    llamacpp_slots: int = 0  # > 0: `id_slot` = a stable hash of the chain's key modulo this

@@ -75,6 +75,8 @@ class Run:
     pinned: str | None = None  # parent id pinned in the cache while queued
     parent: CachedResponse | None = None
     native: bool = False  # sent with the upstream's own previous_response_id
+    chain: str | None = None  # its chain's key (core/routing.py), set when it starts
+    replica: str | None = None  # the upstream replica that served it (`Session.routed`)
     stream: StreamTranslator | None = None
     steers: list[Steer] = field(default_factory=list)  # accepted, not yet applied
     applies: list[Steer] = field(default_factory=list)  # steers whose input this run carries

@@ -62,6 +62,7 @@ from .actions import (
     CountTokens,
     Finished,
     Outcome,
+    Route,
     RunCreated,
     Send,
     StartUpstream,
@@ -94,6 +95,7 @@ from .guards import Guards
 from .memory import MemoryBudget
 from .policy import SessionLimits, UpstreamPolicy
 from .request import check_stream_id, parse_create
+from .routing import cached_tokens, client_key, content_key, slot_of
 from .runs import Run, RunState, cancel_target, streaming
 from .sse import SSEEvent
 from .steering import Steering, at_boundary, steered_response
@@ -119,6 +121,9 @@ class Session:
     context: ContextManager | None = None  # compaction, truncation, token counts
     guards: Guards | None = None  # checks of each turn's new input (core/guards.py)
     memory: MemoryBudget | None = None  # the process budget that queued creates count against
+    # the key of a new chain whose client names none: the WebSocket connection's id; None
+    # (HTTP): a hash of the conversation's start (core/routing.py)
+    chain_key: str | None = None
 
     def __post_init__(self) -> None:
         self._ids = itertools.count(1)
@@ -278,6 +283,13 @@ class Session:
         in the middle of a response."""
         self.expiring = True
         return self._maybe_close()
+
+    def routed(self, run_id: int, replica: str) -> None:
+        """The adapter sent the run's request to `replica` (upstream/pool.py): the response
+        records it, so the chain's next turn goes there too."""
+        run = self._runs.get(run_id)
+        if run is not None:
+            run.replica = replica
 
     def is_active(self, run_id: int) -> bool:
         """The session still wants `run_id` (queued or in flight): the runner stops reading
@@ -636,11 +648,27 @@ class Session:
         else:
             parent = run.parent or EMPTY
             items = [*parent.items(), *req.input_items]
+        run.chain = self._chain_of(run)
+        if self.policy.session_key_in_body and client_key(settings) is None:
+            extra["prompt_cache_key"] = run.chain
+        if self.policy.llamacpp_slots:
+            extra["id_slot"] = slot_of(run.chain, self.policy.llamacpp_slots)
         body = dialect.body(settings, extra, items)
-        start = StartUpstream(run.id, body, dialect.path, run.moderation)
+        route = Route(run.parent.replica if run.parent else None, run.chain)
+        start = StartUpstream(run.id, body, dialect.path, run.moderation, route)
         run.moderation = None  # once: not again after a native fallback or auto's switch
         run.move(RunState.UPSTREAM)  # again after a native fallback or auto's switch
         return start
+
+    def _chain_of(self, run: Run) -> str:
+        """The key of the run's chain (core/routing.py): inherited from its parent, else
+        the client's prompt_cache_key, the connection's id or a hash of the start."""
+        if run.parent is not None and run.parent.chain:
+            return run.parent.chain
+        req = run.req
+        return (
+            client_key(req.settings) or self.chain_key or content_key(req.settings, req.input_items)
+        )
 
     def _warmup(self, run: Run) -> list[Action]:
         """`generate: false` (PROTOCOL 2.1): created + completed, no upstream call; the input
@@ -747,7 +775,8 @@ class Session:
         if silent:
             return []
         out = self.steering.settle(run, outcome in _DELIVERED)
-        out.append(Finished(run.id, response_id, outcome, usage, refused))
+        cached = cached_tokens(usage)
+        out.append(Finished(run.id, response_id, outcome, usage, refused, run.replica, cached))
         return out + self._schedule() + self._maybe_close()
 
     def _maybe_close(self) -> list[Action]:
@@ -781,6 +810,8 @@ class Session:
             opaque=opaque,
             seen=expanded,
             unmoderated=run.moderation or (),  # left only by a warmup: it went nowhere
+            replica=run.replica,
+            chain=run.chain or self._chain_of(run),
         )
         self.cache.put(entry)
         for queued in self._queue:  # a create that waited for this response: pin it too

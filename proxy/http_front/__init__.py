@@ -9,5 +9,8 @@ from ..upstream.passthrough import relay_http
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
-    """Any request the proxy does not serve itself, relayed to the upstream unchanged."""
-    return await relay_http(request, request.app[APP_STATE].upstream)
+    """Any request the proxy does not serve itself, relayed to the upstream unchanged (to
+    the least-loaded available replica of the pool)."""
+    state = request.app[APP_STATE]
+    replica = state.pool.pick()
+    return await relay_http(request, state.upstream, base_url=replica.url, gate=replica.gate)

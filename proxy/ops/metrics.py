@@ -157,6 +157,13 @@ class Metrics:
             ["route", "method", "status"],
             registry=r,
         )
+        self.upstream_tokens = Counter(
+            "wsmode_upstream_replica_tokens",
+            "Prompt tokens of finished turns by upstream replica: every one (prompt) and "
+            "those the upstream reported served from its cache (cached).",
+            ["upstream", "kind"],
+            registry=r,
+        )
         self.errors = Counter(
             "wsmode_internal_errors",
             "Bugs: exceptions that escaped a handler or a connection.",

@@ -46,7 +46,7 @@ from .usage import UsageSink
 log = logging.getLogger("wsmode.ops")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
-_OPEN_ROUTES = frozenset({"/healthz", "/metrics"})
+_OPEN_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 # nginx's "client closed request": the status label of a request whose client left first

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..core.actions import Action, Finished, Outcome, RunCreated, StartUpstream
 from ..core.errors import UpstreamError
+from ..core.wire import is_int
 from .metrics import Metrics
 from .usage import PendingRecord, UsageSink
 
@@ -142,6 +143,12 @@ class RunTracker:
         m.responses.labels(outcome, self.dialect).inc()
         if action.refused is not None:
             m.input_refusals.labels(action.refused).inc()
+        if action.replica is not None and action.usage is not None:
+            prompt = action.usage.get("input_tokens")
+            if is_int(prompt) and prompt >= 0:
+                m.upstream_tokens.labels(action.replica, "prompt").inc(prompt)
+            if action.cached_tokens is not None:
+                m.upstream_tokens.labels(action.replica, "cached").inc(action.cached_tokens)
         trace = self.traces.pop(action.run_id, None)
         now = self.clock()
         if (

@@ -22,6 +22,8 @@ at 0 the events are joined into writes of up to 64 KiB. For latency benchmarks,
 before it is serialised and written, and `metadata.sim_output_tokens: "N"` overrides
 `output_tokens` for that request. `metadata.sim_echo: "partial"` makes the response objects
 those of a server that echoes little (`events.partial_response`).
+`metadata.sim_cached_tokens: "N"` makes the terminal usage report N of the input tokens (at
+most all of them) as served from a prompt cache (`input_tokens_details.cached_tokens`).
 """
 
 from __future__ import annotations
@@ -153,6 +155,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         size = 0
         current: dict[str, Any] = {}  # the response object of the latest lifecycle event
         echo = str(meta.get("sim_echo") or "full")  # "partial": a server that echoes little
+        cached = str(meta.get("sim_cached_tokens") or "")
         for i, ev in enumerate(response_events(body, p, echo=echo)):
             if kind == "failed" and i == after:
                 pending += (_sse(_failed_event(ev, current, arg)), b"data: [DONE]\n\n")
@@ -173,6 +176,8 @@ async def _responses(request: web.Request) -> web.StreamResponse:
                     await asyncio.sleep(delay)
             if isinstance(ev.get("response"), dict):
                 current = ev["response"]
+                if cached.isdigit() and isinstance(current.get("usage"), dict):
+                    _report_cached(current["usage"], int(cached))
             if stamp:
                 ev["sim_sent_ns"] = time.monotonic_ns()
             data = _sse(ev)
@@ -188,6 +193,11 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         await resp.write(b"".join(pending))
         state.completed += 1
         return resp
+
+
+def _report_cached(usage: dict[str, Any], cached: int) -> None:
+    details = usage.setdefault("input_tokens_details", {})
+    details["cached_tokens"] = min(cached, int(usage.get("input_tokens") or 0))
 
 
 def _failed_event(ev: dict[str, Any], response: dict[str, Any], code: str) -> dict[str, Any]:

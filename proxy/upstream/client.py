@@ -53,6 +53,12 @@ async def refuse_redirects(
     return resp
 
 
+class ConnectFailed(UpstreamError):
+    """No connection to the upstream could be opened (refused, name not resolved, connect
+    timeout): nothing of the request was sent, so another replica may take it
+    (upstream/pool.py)."""
+
+
 def overloaded(message: str) -> UpstreamError:
     return UpstreamError(message, status=503, code="upstream_overloaded")
 
@@ -127,7 +133,10 @@ class UpstreamClient:
         return await handler(request)
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self.settings.max_connections)
+        # upstream.max_connections bounds each replica (its gate, upstream/pool.py); the one
+        # connector and its keep-alive pool are shared by them all
+        replicas = max(1, len(self.settings.replicas))
+        connector = aiohttp.TCPConnector(limit=self.settings.max_connections * replicas)
         timeout = aiohttp.ClientTimeout(
             total=None,
             connect=self.settings.connect_timeout,
@@ -152,11 +161,16 @@ class UpstreamClient:
         body: bytes,
         headers: Mapping[str, str],
         on_sent: Callable[[], None] | None = None,
+        *,
+        base_url: str | None = None,
+        gate: UpstreamGate | None = None,
     ) -> AsyncIterator[AsyncIterator[bytes]]:
         """POST `body` and yield an iterator over the raw chunks of a 200 answer.
 
+        `base_url` and `gate`: a replica's (upstream/pool.py); by default the client's own.
         The request first waits for a slot of the gate (`upstream_overloaded` if it cannot
-        get one); `on_sent` is called when it has one and the request goes out.
+        get one); `on_sent` is called when it has one and the request goes out. No
+        connection at all raises `ConnectFailed`.
 
         A non-200 answer raises `UpstreamError` with its status and error body. Network
         failures and timeouts raise `UpstreamError` too, from the request or from the chunk
@@ -171,11 +185,12 @@ class UpstreamClient:
             "Accept-Encoding": "identity",
             **headers,
         }
-        async with self.gate.slot():
+        base = self.base_url if base_url is None else base_url
+        async with (self.gate if gate is None else gate).slot():
             if on_sent is not None:
                 on_sent()
             try:
-                resp = await self._post(self.base_url + path, body, send)
+                resp = await self._post(base + path, body, send)
                 if resp.status != 200:
                     try:
                         body = await self._error_body(resp)
@@ -185,7 +200,7 @@ class UpstreamClient:
             except RedirectRefused as exc:
                 raise upstream_redirect(exc.status) from None
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                raise self._translate(exc, started=False) from exc
+                raise self._translate(exc, started=False, base=base) from exc
             complete = False
             try:
                 yield self._chunks(resp)
@@ -214,7 +229,17 @@ class UpstreamClient:
             log.info("upstream connection was closed before the request (%s); resending", exc)
             return await self.session.post(url, data=body, headers=headers)
 
-    def _translate(self, exc: BaseException, started: bool) -> UpstreamError:
+    def _translate(
+        self, exc: BaseException, started: bool, base: str | None = None
+    ) -> UpstreamError:
+        shown = redact_url(self.base_url if base is None else base)
+        if isinstance(exc, aiohttp.ConnectionTimeoutError) and not started:
+            return ConnectFailed(
+                f"cannot connect to the upstream at {shown} within "
+                f"{self.settings.connect_timeout:g}s",
+                status=504,
+                code="upstream_timeout",
+            )
         if isinstance(exc, TimeoutError):
             what = "stopped sending" if started else "did not answer"
             return UpstreamError(
@@ -224,12 +249,12 @@ class UpstreamClient:
                 code="upstream_timeout",
             )
         reason = type(exc).__name__
-        message = (
-            f"upstream connection broke mid-stream ({reason})"
-            if started
-            else f"cannot reach the upstream at {redact_url(self.base_url)} ({reason})"
-        )
-        return UpstreamError(message, status=502, started=started, code="upstream_unavailable")
+        if started:
+            message = f"upstream connection broke mid-stream ({reason})"
+            return UpstreamError(message, status=502, started=True, code="upstream_unavailable")
+        message = f"cannot reach the upstream at {shown} ({reason})"
+        kind = ConnectFailed if isinstance(exc, aiohttp.ClientConnectorError) else UpstreamError
+        return kind(message, status=502, code="upstream_unavailable")
 
     async def _chunks(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         it = resp.content.iter_any().__aiter__()

@@ -18,7 +18,7 @@ from yarl import URL
 
 from ..core import wire
 from ..core.errors import UpstreamError, upstream_redirect
-from .client import RedirectRefused, UpstreamClient
+from .client import RedirectRefused, UpstreamClient, UpstreamGate
 
 log = logging.getLogger("wsmode.http")
 
@@ -44,11 +44,19 @@ def _headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
 
 
 async def relay_http(
-    request: web.Request, client: UpstreamClient, body: bytes | None = None
+    request: web.Request,
+    client: UpstreamClient,
+    body: bytes | None = None,
+    *,
+    base_url: str | None = None,
+    gate: UpstreamGate | None = None,
 ) -> web.StreamResponse:
+    """`base_url` and `gate`: a replica's (upstream/pool.py); by default the client's own."""
     try:
-        async with client.gate.slot():  # passthrough counts against the upstream limit too
-            return await _relay(request, client, body)
+        # passthrough counts against the upstream limit too
+        async with (client.gate if gate is None else gate).slot():
+            base = client.base_url if base_url is None else base_url
+            return await _relay(request, client, body, base)
     except UpstreamError as err:
         return web.Response(
             status=err.status,
@@ -58,11 +66,11 @@ async def relay_http(
 
 
 async def _relay(
-    request: web.Request, client: UpstreamClient, body: bytes | None
+    request: web.Request, client: UpstreamClient, body: bytes | None, base_url: str
 ) -> web.StreamResponse:
     assert client.session is not None
     # raw_path keeps the client's percent-encoding and query string exactly
-    url = URL(client.base_url + request.raw_path.removeprefix("/v1"), encoded=True)
+    url = URL(base_url + request.raw_path.removeprefix("/v1"), encoded=True)
     data: bytes | AsyncIterator[bytes] | None = body
     if body is None and request.body_exists:
         data = request.content.iter_chunked(64 * 1024)

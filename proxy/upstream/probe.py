@@ -1,14 +1,16 @@
 """The `upstream.api = "auto"` probe: which API the upstream speaks.
 
-The probe is one `POST {upstream}/responses` with the body `{}` at start-up: a server that
-has the endpoint rejects the empty body (400/422), one that has not answers 404 or 405. Any
-other outcome (401 without the client's key, the server not up yet, a timeout) leaves the
-choice to the first real request (core/dialects/auto.py).
+The probe is one `POST {upstream}/responses` with the body `{}` at start-up, to each replica
+in turn until one answers: a server that has the endpoint rejects the empty body (400/422),
+one that has not answers 404 or 405. Any other outcome (401 without the client's key, the
+server not up yet, a timeout) leaves the choice to the first real request
+(core/dialects/auto.py).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import aiohttp
 
@@ -21,21 +23,25 @@ log = logging.getLogger("wsmode.upstream")
 PROBE_TIMEOUT = 5.0  # seconds; the probe must not hold up start-up for long
 
 
-async def probe(upstream: UpstreamClient, dialect: AutoDialect) -> None:
+async def probe(
+    upstream: UpstreamClient, dialect: AutoDialect, bases: Sequence[str] | None = None
+) -> None:
+    """Probe the replicas' base URLs (`bases`, by default the client's own) in order: the
+    first that answers decides."""
     assert upstream.session is not None
-    url = upstream.base_url + "/responses"
     timeout = aiohttp.ClientTimeout(total=min(PROBE_TIMEOUT, upstream.settings.connect_timeout))
-    try:
-        async with upstream.session.post(
-            url, data=b"{}", headers={"Content-Type": "application/json"}, timeout=timeout
-        ) as resp:
-            status = resp.status
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        log.info(
-            "upstream.api=auto: probe of %s failed (%s); the first request decides",
-            redact_url(url),
-            exc,
-        )
+    for base in bases or [upstream.base_url]:
+        url = base + "/responses"
+        try:
+            async with upstream.session.post(
+                url, data=b"{}", headers={"Content-Type": "application/json"}, timeout=timeout
+            ) as resp:
+                status = resp.status
+            break
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            log.info("upstream.api=auto: probe of %s failed (%s)", redact_url(url), exc)
+    else:
+        log.info("upstream.api=auto: no upstream answered the probe; the first request decides")
         return
     if status in REFUSED:
         dialect.decide(dialect.chat, f"the probe POST /responses answered {status}")

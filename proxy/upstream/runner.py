@@ -1,6 +1,6 @@
 """The one runner of the upstream requests a session asks for: a response or a summary.
 
-A front makes one `Channel` per connection (or HTTP request): the upstream client, the
+A front makes one `Channel` per connection (or HTTP request): the upstream pool, the
 client's headers that go upstream, the event size bound and a label for the logs.
 `Channel.run` takes either kind of request a session returns (`StartUpstream`,
 `Summarise`); the WebSocket front, the HTTP front and `POST /v1/responses/compact` all use it.
@@ -43,8 +43,9 @@ from ..core.dialects import Dialect
 from ..core.errors import UpstreamError
 from ..core.session import Session
 from ..core.sse import SSEDecoder, SSEEvent, SSEEventTooLarge
-from .client import UpstreamClient, request_body
+from .client import request_body
 from .moderation import Moderator
+from .pool import UpstreamPool
 
 log = logging.getLogger("wsmode.upstream")
 
@@ -76,7 +77,7 @@ class Abandon(Exception):
 class Channel:
     """Where one front's upstream requests go."""
 
-    client: UpstreamClient
+    pool: UpstreamPool  # the replicas, and which one a request goes to
     headers: Mapping[str, str]  # the client's headers forwarded upstream (FORWARDED_HEADERS)
     max_event_bytes: int  # upstream.max_event_bytes
     label: str  # "connection conn_...", "http 127.0.0.1": who the log lines are about
@@ -111,9 +112,11 @@ class Channel:
         on_sent = trace.sent if trace is not None else None
         body = request_body(start.body)
         try:
-            async with self.client.stream(
-                start.path, body, self.headers, on_sent=on_sent
-            ) as chunks:
+            async with self.pool.stream(start.path, body, self.headers, start.route, on_sent) as (
+                replica,
+                chunks,
+            ):
+                session.routed(run_id, replica.name)  # its response records where it ran
                 async for chunk in chunks:
                     if trace is not None:
                         trace.chunk(len(chunk))
@@ -149,7 +152,8 @@ class Channel:
         """Raises UpstreamError when the upstream fails or ends without a terminal event."""
         decoder = SSEDecoder(self.max_event_bytes)
         stream = dialect.translator({}, {"model": "", "store": False})
-        async with self.client.stream(action.path, b"".join(action.body), self.headers) as chunks:
+        body = b"".join(action.body)
+        async with self.pool.stream(action.path, body, self.headers) as (_, chunks):
             async for chunk in chunks:
                 for event in _events(decoder, chunk):
                     stream.feed(event)

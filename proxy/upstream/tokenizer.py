@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import aiohttp
 
@@ -38,8 +38,14 @@ def tokenize_url(setting: str, upstream_base: str) -> str:
 
 class TokenizeWorker:
     def __init__(
-        self, upstream: UpstreamClient, context: ContextManager, url: str, max_pending: int
+        self,
+        upstream: UpstreamClient,
+        context: ContextManager,
+        url: str | Callable[[], str],
+        max_pending: int,
     ) -> None:
+        """`url`: the tokenizer's, or a function giving it per call (beside the upstream
+        pool's least-loaded available replica)."""
         self.upstream = upstream
         self.context = context
         self.url = url
@@ -90,24 +96,25 @@ class TokenizeWorker:
     async def _tokenize(self, text: str, headers: Mapping[str, str]) -> int | None:
         session = self.upstream.session
         assert session is not None
+        url = self.url if isinstance(self.url, str) else self.url()
         send = {"Content-Type": "application/json", "Accept-Encoding": "identity", **headers}
         try:
             async with session.post(
-                self.url, data=wire.dumps(tokenize_body(text)), headers=send
+                url, data=wire.dumps(tokenize_body(text)), headers=send
             ) as resp:
                 if resp.status in _ABSENT:
                     self.context.tokenize = False
                     log.warning(
                         "the upstream has no tokenizer at %s (HTTP %s): token counts stay "
                         "estimates (tokens.bytes_per_token)",
-                        redact_url(self.url),
+                        redact_url(url),
                         resp.status,
                     )
                     return None
                 if resp.status != 200:
-                    log.info("tokenizer at %s answered HTTP %s", redact_url(self.url), resp.status)
+                    log.info("tokenizer at %s answered HTTP %s", redact_url(url), resp.status)
                     return None
                 return tokenize_count(wire.loads(await self._body(resp)))
         except (aiohttp.ClientError, OSError, TimeoutError, wire.JSONDecodeError) as exc:
-            log.info("tokenizer at %s failed: %s", redact_url(self.url), type(exc).__name__)
+            log.info("tokenizer at %s failed: %s", redact_url(url), type(exc).__name__)
             return None

@@ -106,7 +106,7 @@ def test_completed_reports_finished_with_usage_and_caches_items() -> None:
     rid = events[0]["response"]["id"]
     actions = feed(s, start.run_id, events)
     assert finished(actions) == [
-        Finished(start.run_id, rid, "completed", events[-1]["response"]["usage"])
+        Finished(start.run_id, rid, "completed", events[-1]["response"]["usage"], cached_tokens=0)
     ]
     cached = s.cache.peek(rid)
     assert cached is not None

@@ -55,14 +55,24 @@ _FINISH: dict[str, tuple[str, str | None]] = {
 }
 
 
-def map_usage(usage: dict[str, Any]) -> dict[str, Any]:
-    """Chat usage -> Responses usage (PROTOCOL 8.4). Chat reports no cache writes: 0."""
+_ROUTING_FIELDS = ("prompt_cache_key", "id_slot")
+
+
+def map_usage(usage: dict[str, Any], timings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Chat usage -> Responses usage (PROTOCOL 8.4). Chat reports no cache writes: 0.
+
+    llama.cpp's finish chunk carries `timings`; its `cache_n` (prompt tokens taken from the
+    slot's cache, `prompt_n` being those computed) stands in for a missing `cached_tokens`."""
     prompt = count(usage, "prompt_tokens")
     completion = count(usage, "completion_tokens")
+    details = usage.get("prompt_tokens_details")
+    cached = count(details, "cached_tokens")
+    if not (isinstance(details, dict) and "cached_tokens" in details) and timings is not None:
+        cached = count(timings, "cache_n")
     return usage_of(
         prompt,
         completion,
-        cached=count(usage.get("prompt_tokens_details"), "cached_tokens"),
+        cached=cached,
         reasoning=count(usage.get("completion_tokens_details"), "reasoning_tokens"),
         total=count(usage, "total_tokens") or prompt + completion,
     )
@@ -110,6 +120,7 @@ class ChatStream(BuiltStream):
         self._last_call: Hashable | None = None
         self._finish: str | None = None  # the finish_reason, once seen
         self._usage: dict[str, Any] | None = None
+        self._timings: dict[str, Any] | None = None  # llama.cpp's, in its finish chunk
 
     # ------------------------------------------------------------ StreamTranslator
 
@@ -132,6 +143,9 @@ class ChatStream(BuiltStream):
         for choice in choices if isinstance(choices, list) else []:
             if isinstance(choice, dict) and choice.get("index", 0) == 0:
                 out += self._choice(choice)
+        timings = chunk.get("timings")
+        if isinstance(timings, dict):  # only its counts are read
+            self._timings = timings
         usage = chunk.get("usage")
         if isinstance(usage, dict):  # kept and written in the response object: bounded
             try:
@@ -256,7 +270,7 @@ class ChatStream(BuiltStream):
         status, reason = _FINISH.get(self._finish or "stop", ("completed", None))
         if self._finish is None:
             out += self._open_pending()
-        usage = map_usage(self._usage) if self._usage is not None else None
+        usage = map_usage(self._usage, self._timings) if self._usage is not None else None
         return out + self._end(status, usage, None, reason)
 
 
@@ -294,8 +308,12 @@ class ChatDialect:
         self, settings: dict[str, Any], extra: dict[str, Any], items: list[bytes]
     ) -> list[bytes]:
         """`extra` (stream, store, previous_response_id) has no Chat meaning: the Chat body
-        always streams with usage, and Chat's `store` is something else."""
+        always streams with usage, and Chat's `store` is something else. Its session key
+        (`prompt_cache_key`) and llama.cpp slot (`id_slot`) go as they are (core/routing.py)."""
         head, _ = chat_settings(settings, self.options)
+        for key in _ROUTING_FIELDS:
+            if key in extra:
+                head[key] = extra[key]
         instructions = settings.get("instructions")
         msgs = messages(
             items, self.options, self.memo, instructions if isinstance(instructions, str) else None

@@ -1,0 +1,458 @@
+"""The upstream pool: several replicas of one model server, and which one a request goes to.
+
+Replicas come from `upstream.urls` (or the single `upstream.url`). Each has
+
+- its own concurrency limit: an `UpstreamGate` of `upstream.max_connections` requests (and
+  `max_queued_requests` waiting). The pool shares one `UpstreamClient` (one aiohttp session,
+  one connector whose keep-alive pool is per host anyway) and gives each replica a gate of
+  its own, rather than one client per replica: the credential, timeouts and middlewares
+  stay in one place, and a replica is just a base URL, a gate and its health;
+- its health (`Health`, a pure state machine fed with the time): active checks (`GET
+  health_path` resolved against the base URL every `health_interval`, healthy or unhealthy
+  after `healthy_threshold` / `unhealthy_threshold` checks in a row; an answer below 500
+  counts as up, since a 401 still proves the server is there) and passive ejection
+  (`eject_after_failures` failed requests in a row, a refused connection or a 5xx, take it
+  out for `eject_seconds`);
+- counters, exported per replica with the replica's name (`host:port`) as the label: a set
+  bounded by the config.
+
+Placement (`UpstreamPool.order`). With `affinity = "conversation"` a turn whose parent was
+served by a replica goes back to it (`hit`) while that replica is available; otherwise
+(`moved`) it is placed as a new chain is, and the response records its new replica, so the
+chain moves once and stays. A new chain is placed by rendezvous hashing of its key
+(`rendezvous`: every replica scores the key, the highest wins, so adding or losing a replica
+moves only the chains that must move) with a load bound (`bounded`): a replica with
+`ceil(load_bound x average)` requests in flight, or at its limit, is skipped and the chain
+goes to the next in rendezvous order (`spilled`) instead of queueing. With `affinity =
+"none"` every request goes to the least-loaded replica, ties taken in turn. Requests that are
+not a turn (summaries, passthrough, the tokenizer, the probe) go to the least-loaded
+available replica.
+
+A request that cannot connect at all (nothing was sent) is sent to the next replica of the
+order, each replica at most once; a failure after that fails the request as it did before.
+When no replica is available, all of them are tried: the pool never refuses by itself, and
+readiness (`ready`) says it is not ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from yarl import URL
+
+from ..config import UpstreamSettings
+from ..core.actions import Route
+from ..core.errors import UpstreamError
+from ..core.routing import stable_hash
+from ..core.urls import redact_url
+from .client import ConnectFailed, UpstreamClient, UpstreamGate
+
+log = logging.getLogger("wsmode.upstream")
+
+AFFINITY_OUTCOMES = ("hit", "new", "moved", "spilled")
+REQUEST_OUTCOMES = ("ok", "http_4xx", "http_5xx", "unavailable", "timeout", "overloaded", "stream")
+
+
+# ------------------------------------------------------------------ health (pure)
+
+
+@dataclass
+class Health:
+    """One replica's health: active checks and passive ejection. Pure: the caller passes
+    the time, so the whole state machine is tested without waiting."""
+
+    healthy_threshold: int = 1
+    unhealthy_threshold: int = 2
+    eject_after: int = 3  # failed requests in a row; 0: never ejected
+    eject_seconds: float = 30.0
+    healthy: bool = True  # by the active checks (optimistic until the first ones say no)
+    good: int = 0  # checks that succeeded in a row
+    bad: int = 0  # checks that failed in a row
+    failures: int = 0  # requests that failed in a row
+    ejected_until: float = 0.0
+    ejections: int = 0
+
+    def checked(self, ok: bool) -> bool | None:
+        """One active check's result; returns the new `healthy` when it changed."""
+        if ok:
+            self.good, self.bad = self.good + 1, 0
+            if not self.healthy and self.good >= self.healthy_threshold:
+                self.healthy = True
+                return True
+        else:
+            self.good, self.bad = 0, self.bad + 1
+            if self.healthy and self.bad >= self.unhealthy_threshold:
+                self.healthy = False
+                return False
+        return None
+
+    def succeeded(self) -> None:
+        """A request got an answer that was not the replica's failure."""
+        self.failures = 0
+
+    def failed(self, now: float) -> bool:
+        """A request failed by the replica's fault; True when this ejects it."""
+        self.failures += 1
+        if not self.eject_after or self.failures < self.eject_after or self.ejected(now):
+            return False
+        self.failures = 0
+        self.ejected_until = now + self.eject_seconds
+        self.ejections += 1
+        return True
+
+    def ejected(self, now: float) -> bool:
+        return now < self.ejected_until
+
+    def available(self, now: float) -> bool:
+        return self.healthy and not self.ejected(now)
+
+
+# ------------------------------------------------------------------ placement (pure)
+
+
+def rendezvous(names: Iterable[str], key: str) -> list[str]:
+    """`names` by their score for `key`, highest first (highest-random-weight hashing)."""
+    return sorted(names, key=lambda name: (stable_hash(f"{name}\0{key}"), name), reverse=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """What placement needs to know of a replica."""
+
+    name: str
+    in_flight: int
+    limit: int  # 0: none
+
+
+def bounded(order: Sequence[Load], load_bound: float) -> tuple[list[Load], bool]:
+    """`order` (rendezvous order) with the first replica that can take one more request
+    moved to the front; True if that is not the first one (the chain spilled).
+
+    A replica cannot when its in-flight count has reached `ceil(load_bound x average)`, the
+    average counting the new request, or its own limit. When none can, the order stays as
+    it is: the request waits at its first choice."""
+    if not order:
+        return [], False
+    total = sum(r.in_flight for r in order) + 1
+    cap = math.ceil(load_bound * total / len(order)) if load_bound > 0 else math.inf
+    for i, r in enumerate(order):
+        if r.in_flight < cap and (r.limit <= 0 or r.in_flight < r.limit):
+            return [r, *order[:i], *order[i + 1 :]], i > 0
+    return list(order), False
+
+
+# ------------------------------------------------------------------ the pool
+
+
+def replica_name(url: str) -> str:
+    u = URL(url)
+    return f"{u.host}:{u.port}"
+
+
+@dataclass(eq=False)
+class Replica:
+    name: str  # `host:port`: the metrics label and what a cached response records
+    url: str  # the base URL, ending before `/responses`
+    gate: UpstreamGate
+    health: Health
+    in_flight: int = 0  # requests placed here and not finished (waiting for the gate too)
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+    def load(self) -> Load:
+        return Load(self.name, self.in_flight, self.gate.limit)
+
+
+class UpstreamPool:
+    def __init__(
+        self,
+        client: UpstreamClient,
+        settings: UpstreamSettings,
+        urls: Sequence[str],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.clock = clock
+        self.replicas: list[Replica] = []
+        self.by_name: dict[str, Replica] = {}
+        self.affinity = Counter[str]()
+        self._turn = 0  # round-robin among equally loaded replicas
+        self.set_urls(urls)
+
+    def _replica(self, name: str, url: str) -> Replica:
+        s = self.settings
+        gate = UpstreamGate(s.max_connections, s.max_queued_requests, s.queue_timeout)
+        health = Health(
+            s.healthy_threshold, s.unhealthy_threshold, s.eject_after_failures, s.eject_seconds
+        )
+        return Replica(name, url.rstrip("/"), gate, health)
+
+    def set_urls(self, urls: Sequence[str]) -> None:
+        """Set the replicas (the built-in simulated upstream's URL is known only once it
+        runs, so the app sets it again then)."""
+        self.replicas = []
+        for url in urls:
+            name = base = replica_name(url)
+            n = 2
+            while any(r.name == name for r in self.replicas):  # two paths on one server
+                name, n = f"{base}#{n}", n + 1
+            self.replicas.append(self._replica(name, url))
+        self.by_name = {r.name: r for r in self.replicas}
+
+    # ---- state
+
+    def available(self) -> list[Replica]:
+        now = self.clock()
+        return [r for r in self.replicas if r.health.available(now)]
+
+    @property
+    def ready(self) -> bool:
+        """At least one replica is healthy and not ejected."""
+        return bool(self.available())
+
+    @property
+    def active(self) -> int:  # for the ops metrics (`wsmode_upstream_requests`)
+        return sum(r.gate.active for r in self.replicas)
+
+    @property
+    def waiting(self) -> int:
+        return sum(r.gate.waiting for r in self.replicas)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Each replica as /readyz shows it."""
+        now = self.clock()
+        return [
+            {
+                "name": r.name,
+                "url": redact_url(r.url),
+                "healthy": r.health.healthy,
+                "ejected": r.health.ejected(now),
+                "in_flight": r.in_flight,
+                "max_concurrency": r.gate.limit,
+            }
+            for r in self.replicas
+        ]
+
+    # ---- placement
+
+    def least_loaded(self) -> list[Replica]:
+        """Available replicas, least loaded first, equal loads in turn; then the others."""
+        up = self.available()
+        rest = [r for r in self.replicas if r not in up]
+        if up:
+            self._turn = (self._turn + 1) % len(up)
+            up = up[self._turn :] + up[: self._turn]
+        return sorted(up, key=lambda r: r.in_flight) + rest
+
+    def order(self, route: Route | None) -> tuple[list[Replica], str | None]:
+        """The replicas to try for a request, first choice first, and the affinity outcome
+        (None when affinity does not apply)."""
+        if route is None or self.settings.affinity == "none":
+            return self.least_loaded(), None
+        up = self.available()
+        pool = up or self.replicas  # nothing available: try every one anyway
+        home = self.by_name.get(route.replica) if route.replica is not None else None
+        if home is not None and home in pool:
+            rest = [self.by_name[n] for n in rendezvous((r.name for r in pool), route.chain)]
+            return [home, *(r for r in rest if r is not home)], "hit"
+        ranked = [self.by_name[n] for n in rendezvous((r.name for r in pool), route.chain)]
+        loads, spilled = bounded([r.load() for r in ranked], self.settings.load_bound)
+        chosen = [self.by_name[load.name] for load in loads]
+        outcome = "spilled" if spilled else "new"
+        if route.replica is not None:  # its replica is gone, or not available now
+            outcome = "moved"
+        rest = [r for r in self.replicas if r not in chosen]
+        return chosen + rest, outcome
+
+    def pick(self) -> Replica:
+        """A replica for a request that is not a turn: the least-loaded available one."""
+        return self.least_loaded()[0]
+
+    # ---- requests
+
+    @asynccontextmanager
+    async def stream(
+        self,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        route: Route | None = None,
+        on_sent: Callable[[], None] | None = None,
+    ) -> AsyncIterator[tuple[Replica, AsyncIterator[bytes]]]:
+        """`UpstreamClient.stream` on the replica `order` chooses: yields the replica that
+        answered and its chunks. A replica that cannot be connected to passes the request
+        to the next one; any other failure is raised as the client raises it."""
+        order, outcome = self.order(route)
+        send = dict(headers)
+        name = self.settings.session_header
+        if name and route is not None:
+            send[name] = route.chain
+        async with AsyncExitStack() as stack:
+            for attempt, replica in enumerate(order):
+                try:
+                    chunks = await stack.enter_async_context(
+                        self._on(replica, path, body, send, on_sent)
+                    )
+                except ConnectFailed as err:
+                    if attempt + 1 == len(order):
+                        raise
+                    log.warning("%s; trying the next upstream replica", err.message)
+                    continue
+                if outcome is not None:
+                    self.affinity["moved" if attempt and outcome == "hit" else outcome] += 1
+                yield replica, chunks
+                return
+
+    @asynccontextmanager
+    async def _on(
+        self,
+        replica: Replica,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        on_sent: Callable[[], None] | None,
+    ) -> AsyncIterator[AsyncIterator[bytes]]:
+        """One request on one replica, counted in its load, outcomes and health."""
+        replica.in_flight += 1
+        answered = failed = False
+        try:
+            async with self.client.stream(
+                path, body, headers, on_sent, base_url=replica.url, gate=replica.gate
+            ) as chunks:
+                answered = True
+                replica.health.succeeded()
+                yield chunks
+        except UpstreamError as err:
+            failed = True
+            self._failed(replica, err, answered)
+            raise
+        finally:
+            replica.in_flight -= 1
+            if answered and not failed:  # a 200 answer, read to its end or left early
+                replica.outcomes["ok"] += 1
+
+    def _failed(self, replica: Replica, err: UpstreamError, answered: bool) -> None:
+        if answered or err.started:
+            replica.outcomes["stream"] += 1
+            return
+        code = err.code or ""
+        if code == "upstream_overloaded":  # our own gate: not the replica's failure
+            replica.outcomes["overloaded"] += 1
+            return
+        if code == "upstream_timeout":
+            kind = "timeout"
+        elif code == "upstream_unavailable":
+            kind = "unavailable"
+        else:
+            kind = "http_5xx" if err.status >= 500 else "http_4xx"
+        replica.outcomes[kind] += 1
+        if kind == "http_4xx":
+            replica.health.succeeded()  # it answered: it is up
+        elif replica.health.failed(self.clock()):
+            log.warning(
+                "upstream replica %s ejected for %gs after %d failed requests in a row (%s)",
+                replica.name,
+                self.settings.eject_seconds,
+                self.settings.eject_after_failures,
+                err.message,
+            )
+
+    # ---- active health checks
+
+    def health_url(self, replica: Replica) -> URL:
+        return URL(replica.url + "/").join(URL(self.settings.health_path))
+
+    async def check(self, replica: Replica) -> bool:
+        """One active check: GET the health path; an answer below 500 means up."""
+        session = self.client.session
+        assert session is not None, "UpstreamClient.start() was not awaited"
+        timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout)
+        try:
+            async with session.get(self.health_url(replica), timeout=timeout) as resp:
+                ok = resp.status < 500
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            ok = False
+        changed = replica.health.checked(ok)
+        if changed is False:
+            log.warning(
+                "upstream replica %s is unhealthy: %d health checks of %s failed in a row",
+                replica.name,
+                self.settings.unhealthy_threshold,
+                redact_url(str(self.health_url(replica))),
+            )
+        elif changed:
+            log.info("upstream replica %s is healthy again", replica.name)
+        return ok
+
+    async def check_all(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for replica in self.replicas:
+                tg.create_task(self.check(replica))
+
+    async def run_checks(self) -> None:
+        """Check every replica every `health_interval` seconds, until cancelled."""
+        while True:
+            await self.check_all()
+            await asyncio.sleep(self.settings.health_interval)
+
+    # ---- metrics
+
+    def families(self) -> Iterable[Metric]:
+        """The pool's metrics, read when /metrics is scraped (ops/metrics.py `add_state`)."""
+        now = self.clock()
+        requests = CounterMetricFamily(
+            "wsmode_upstream_replica_requests",
+            "Model requests by upstream replica and outcome (ok, http_4xx, http_5xx, "
+            "unavailable, timeout, overloaded, stream: failed after the answer began).",
+            labels=["upstream", "outcome"],
+        )
+        in_flight = GaugeMetricFamily(
+            "wsmode_upstream_replica_in_flight",
+            "Model requests placed on the replica and not finished (waiting ones included).",
+            labels=["upstream"],
+        )
+        healthy = GaugeMetricFamily(
+            "wsmode_upstream_replica_healthy",
+            "1 while the replica's active health checks pass.",
+            labels=["upstream"],
+        )
+        ejected = GaugeMetricFamily(
+            "wsmode_upstream_replica_ejected",
+            "1 while the replica is ejected after failed requests.",
+            labels=["upstream"],
+        )
+        ejections = CounterMetricFamily(
+            "wsmode_upstream_replica_ejections",
+            "Times the replica was ejected after upstream.eject_after_failures failures.",
+            labels=["upstream"],
+        )
+        for r in self.replicas:
+            for outcome in REQUEST_OUTCOMES:
+                requests.add_metric([r.name, outcome], r.outcomes[outcome])
+            in_flight.add_metric([r.name], r.in_flight)
+            healthy.add_metric([r.name], 1 if r.health.healthy else 0)
+            ejected.add_metric([r.name], 1 if r.health.ejected(now) else 0)
+            ejections.add_metric([r.name], r.health.ejections)
+        affinity = CounterMetricFamily(
+            "wsmode_upstream_affinity",
+            "Turns placed with affinity = conversation: hit (the parent's replica), new (a "
+            "new chain at its first choice), spilled (past the load bound, to the next), "
+            "moved (the parent's replica was unavailable).",
+            labels=["outcome"],
+        )
+        for outcome in AFFINITY_OUTCOMES:
+            affinity.add_metric([outcome], self.affinity[outcome])
+        yield from (requests, in_flight, healthy, ejected, ejections, affinity)
+
+
+__all__ = ["Health", "Load", "Replica", "UpstreamPool", "bounded", "rendezvous"]
