@@ -63,8 +63,8 @@ class Stack:
         return {
             "tasks": len(asyncio.all_tasks()),
             "connections": len(ops.connections),
-            "upstream_active": state.upstream.gate.active,
-            "upstream_waiting": state.upstream.gate.waiting,
+            "upstream_active": state.pool.active,
+            "upstream_waiting": state.pool.waiting,
             "sim_active": self.sim.runner.app[SIM_STATE].active,
             "cache_entries": state.cache_budget.entries,
         }

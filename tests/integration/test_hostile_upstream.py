@@ -24,10 +24,15 @@ from tests.helpers import Served, create, post_responses, recv, send, serve, unt
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+async def healthy(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": []})
+
+
 @asynccontextmanager
 async def model(handler: Handler) -> AsyncIterator[Served]:
     """A model server answering every request with `handler`."""
     app = web.Application()
+    app.router.add_get("/v1/models", healthy)  # the proxy's health checks (docs/pool.md)
     app.router.add_route("*", "/{tail:.*}", handler)
     served = await serve(app)
     try:
@@ -122,7 +127,7 @@ async def test_a_redirect_from_the_model_server_is_never_followed(
             assert status == 502 and body["error"]["code"] == "upstream_redirect"
             async with (
                 aiohttp.ClientSession() as http,
-                http.get(f"{proxy.http}/models", allow_redirects=False) as r,
+                http.get(f"{proxy.http}/files", allow_redirects=False) as r,
             ):
                 assert r.status == 502 and "Location" not in r.headers
                 assert (await r.json())["error"]["code"] == "upstream_redirect"

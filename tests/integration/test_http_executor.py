@@ -37,6 +37,7 @@ class ScriptedUpstream:
         body: bytes,
         headers: Mapping[str, str],
         on_sent: Callable[[], None] | None = None,
+        **replica: Any,  # the pool's replica: base_url, gate
     ) -> AsyncIterator[AsyncIterator[bytes]]:
         if on_sent is not None:
             on_sent()
@@ -69,7 +70,7 @@ def _exchange(upstream: ScriptedUpstream) -> HttpExchange:
     settings = load_settings(None, {}, {"upstream.url": "http://127.0.0.1:9/v1"})
     app = create_app(settings)
     state = app[APP_STATE]
-    state.upstream = upstream  # type: ignore[assignment]
+    state.upstream = state.pool.client = upstream  # type: ignore[assignment]
     request = make_mocked_request("POST", "/v1/responses", app=app)
     return HttpExchange(state, request, stream=False)
 

@@ -18,6 +18,7 @@ async def test_healthz(proxy: Proxy, sim: Sim) -> None:
     assert doc.pop("pid") == os.getpid()  # the app runs in this test's process
     assert doc == {
         "status": "ok",
+        "ready": True,
         "upstream": sim.url,
         "simulated_upstream": False,
         "dialect": "responses",

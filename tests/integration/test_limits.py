@@ -83,7 +83,7 @@ async def test_concurrent_upstream_requests_are_bounded_with_a_queue(
         await send(a, create(input="x", metadata={"sim_fault": "stall:2"}))
         await recv(a)  # a holds the only upstream slot, stalled
         await send(b, create(input="y"))  # waits in the queue
-        await until(lambda: proxy.state.upstream.gate.waiting == 1)
+        await until(lambda: proxy.state.pool.waiting == 1)
         await send(c, create(input="z"))  # the queue is full: refused at once
         err = await recv(c)
         assert err["status"] == 503 and err["error"]["code"] == "upstream_overloaded"
