@@ -311,3 +311,74 @@ async def wait_healthy(base: str) -> dict[str, object]:
         ignore=(aiohttp.ClientConnectionError,),
         message="server never became healthy",
     )
+
+
+# ------------------------------------------------------------------ `wsmode sim` processes
+
+
+@dataclass
+class SimProcess:
+    """A `wsmode sim` child process on a port of its own: one replica of a model server.
+    It can be stopped, killed and started again on the same port."""
+
+    port: int
+    args: tuple[str, ...] = ()
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def name(self) -> str:
+        """The replica's name in the proxy's metrics and /readyz (upstream/pool.py)."""
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        assert self.proc is None, "already running"
+        fast = ("--ttft-ms", "0", "--tokens-per-second", "0", "--output-tokens", "8")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "wsmode", "sim", "--port", str(self.port), *fast, *self.args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Terminate (SIGTERM), or SIGKILL it: a replica that dies without closing."""
+        if self.proc is None:
+            return
+        if kill:
+            self.proc.kill()
+        else:
+            self.proc.terminate()
+        self.proc.wait(timeout=seconds(10))
+        self.proc = None
+
+    async def stats(self) -> dict[str, Any]:
+        """The sim's own counters (`GET /sim/stats`): `started` counts model streams."""
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{self.port}/sim/stats") as r,
+        ):
+            return dict(await r.json())
+
+    async def ready(self) -> None:
+        await wait_healthy(f"http://127.0.0.1:{self.port}")
+
+
+@contextmanager
+def sim_processes(n: int, *args: str) -> Iterator[list[SimProcess]]:
+    """`n` `wsmode sim` processes (fast: no time to first token, no pacing), stopped after."""
+    sims = [SimProcess(free_port(), args) for _ in range(n)]
+    try:
+        for s in sims:
+            s.start()
+        yield sims
+    finally:
+        for s in sims:
+            s.stop()
+
+
+async def streams_started(sims: list[SimProcess]) -> list[int]:
+    """How many model streams each sim has started (its own count)."""
+    return [int((await s.stats())["started"]) for s in sims]

@@ -1,0 +1,416 @@
+"""The upstream pool with real replicas (docs/pool.md): several `wsmode sim` processes behind
+one proxy. Health checks and readiness, passive ejection of a killed replica and a chain that
+moves once and stays, conversation affinity on every lane, fork and HTTP chain (counted by the
+sims themselves) against affinity = none, the load bound and the per-replica limit, the
+session key and llama.cpp slot upstream, and cached tokens per replica."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+from websockets.asyncio.client import connect
+
+from tests.helpers import (
+    Proxy,
+    Sim,
+    SimProcess,
+    create,
+    free_port,
+    post_responses,
+    recv,
+    running,
+    sample,
+    scrape,
+    seconds,
+    send,
+    sim_processes,
+    streams_started,
+    until,
+    until_terminal,
+    user,
+    wait_healthy,
+)
+
+ProxyFactory = Callable[..., Awaitable[Proxy]]
+
+
+@pytest.fixture
+def sims() -> Iterator[list[SimProcess]]:
+    with sim_processes(3) as started:
+        yield started
+
+
+async def _ready(sims: list[SimProcess]) -> None:
+    for s in sims:
+        await s.ready()
+
+
+async def pool_proxy(factory: ProxyFactory, sims: list[SimProcess], **overrides: Any) -> Proxy:
+    await _ready(sims)
+    return await factory("", upstream__urls=tuple(s.url for s in sims), **overrides)
+
+
+async def readyz(proxy: Proxy) -> tuple[int, dict[str, Any]]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{proxy.served.base}/readyz") as r,
+    ):
+        return r.status, dict(await r.json())
+
+
+async def healthz(proxy: Proxy) -> dict[str, Any]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{proxy.served.base}/healthz") as r,
+    ):
+        assert r.status == 200  # liveness: the process is fine whatever its upstreams do
+        return dict(await r.json())
+
+
+async def turn(ws: Any, **fields: Any) -> dict[str, Any]:
+    """One create on `ws`; its terminal response object (it must complete)."""
+    await send(ws, create(**fields))
+    events = await until_terminal(ws)
+    assert events[-1]["type"] == "response.completed", events[-1]
+    response = events[-1]["response"]
+    assert isinstance(response, dict)
+    return response
+
+
+async def delta(sims: list[SimProcess], before: list[int]) -> list[int]:
+    return [now - then for now, then in zip(await streams_started(sims), before, strict=True)]
+
+
+# ------------------------------------------------------------------ health and readiness
+
+
+async def test_health_checks_mark_a_stopped_replica_unhealthy_and_readiness_follows(
+    sims: list[SimProcess], proxy_factory: ProxyFactory
+) -> None:
+    a, b = sims[:2]
+    proxy = await pool_proxy(
+        proxy_factory,
+        [a, b],
+        upstream__health_interval=seconds(0.1),
+        upstream__unhealthy_threshold=2,
+    )
+    status, doc = await readyz(proxy)
+    assert status == 200 and doc["status"] == "ready"
+    assert [u["name"] for u in doc["upstreams"]] == [a.name, b.name]
+    assert [u["url"] for u in doc["upstreams"]] == [a.url, b.url]
+    assert all(u["healthy"] and not u["ejected"] for u in doc["upstreams"])
+    assert doc["upstreams"][0]["max_concurrency"] == 256 and doc["upstreams"][0]["in_flight"] == 0
+    assert (await healthz(proxy))["ready"] is True
+
+    a.stop()
+
+    async def a_down() -> bool:
+        _, doc = await readyz(proxy)
+        return doc["upstreams"][0]["healthy"] is False
+
+    await until(a_down, message="the stopped replica never turned unhealthy")
+    status, doc = await readyz(proxy)
+    assert status == 200 and doc["upstreams"][1]["healthy"]  # one healthy replica is enough
+    m = await scrape(proxy)
+    assert sample(m, "wsmode_upstream_replica_healthy", upstream=a.name) == 0
+    assert sample(m, "wsmode_upstream_replica_healthy", upstream=b.name) == 1
+    async with connect(proxy.ws) as ws:  # turns go to the healthy one
+        before = await streams_started([b])
+        await turn(ws, input="hi")
+        assert await delta([b], before) == [1]
+
+    b.stop()
+
+    async def not_ready() -> bool:
+        status, _ = await readyz(proxy)
+        return status == 503
+
+    await until(not_ready, message="readiness never turned 503 with every replica down")
+    status, doc = await readyz(proxy)
+    assert doc["status"] == "not ready" and "no upstream replica is healthy" in doc["reasons"][0]
+    assert (await healthz(proxy))["ready"] is False
+
+    a.start()  # back on its port: healthy again after healthy_threshold checks
+    await a.ready()
+
+    async def ready_again() -> bool:
+        status, _ = await readyz(proxy)
+        return status == 200
+
+    await until(ready_again, message="the restarted replica never turned healthy")
+
+
+async def test_the_builtin_sim_answers_the_default_health_check(
+    proxy_factory: ProxyFactory,
+) -> None:
+    """No upstream configured: the built-in simulated model is the pool's one replica, and
+    it answers the default health path, so the proxy is ready."""
+    proxy = await proxy_factory("", upstream__health_interval=seconds(0.05))
+    await until(lambda: proxy.state.pool.replicas[0].health.good > 0)
+    status, doc = await readyz(proxy)
+    assert status == 200 and doc["upstreams"][0]["healthy"]
+
+
+# ------------------------------------------------------------------ ejection and moves
+
+
+async def test_a_killed_replica_is_ejected_and_its_chains_move_once_then_stay(
+    sims: list[SimProcess], proxy_factory: ProxyFactory
+) -> None:
+    a, b = sims[:2]
+    proxy = await pool_proxy(
+        proxy_factory,
+        [a, b],
+        upstream__health_interval=0,  # passive ejection only
+        upstream__eject_after_failures=1,
+        upstream__eject_seconds=seconds(0.5),
+    )
+    async with connect(proxy.ws) as ws:
+        before = await streams_started([a, b])
+        first = await turn(ws, input=[user("one")])
+        served = await delta([a, b], before)
+        home, other = (a, b) if served == [1, 0] else (b, a)
+        assert sorted(served) == [0, 1]
+        second = await turn(ws, input=[user("two")], previous_response_id=first["id"])
+
+        home.stop(kill=True)  # dies mid-conversation
+        before_other = await streams_started([other])
+        third = await turn(ws, input=[user("three")], previous_response_id=second["id"])
+        assert await delta([other], before_other) == [1]  # retried there, history rebuilt
+        m = await scrape(proxy)
+        assert sample(m, "wsmode_upstream_replica_ejections_total", upstream=home.name) == 1
+        assert sample(m, "wsmode_upstream_affinity_total", outcome="moved") == 1
+        assert (
+            sample(
+                m,
+                "wsmode_upstream_replica_requests_total",
+                upstream=home.name,
+                outcome="unavailable",
+            )
+            == 1
+        )
+
+        home.start()  # back, and its ejection over: the chain stays where it moved
+        await home.ready()
+        await until(
+            lambda: not proxy.state.pool.by_name[home.name].health.ejected(proxy.state.pool.clock())
+        )
+        before = await streams_started([home, other])
+        fourth = await turn(ws, input=[user("four")], previous_response_id=third["id"])
+        await turn(ws, input=[user("five")], previous_response_id=fourth["id"])
+        assert await delta([home, other], before) == [0, 2]
+    m = await scrape(proxy)
+    assert sample(m, "wsmode_upstream_affinity_total", outcome="moved") == 1
+    assert sample(m, "wsmode_upstream_affinity_total", outcome="hit") == 3
+
+
+# ------------------------------------------------------------------ affinity
+
+
+async def test_every_turn_lane_and_fork_of_a_conversation_lands_on_one_replica(
+    sims: list[SimProcess], proxy_factory: ProxyFactory
+) -> None:
+    proxy = await pool_proxy(proxy_factory, sims, upstream__health_interval=0)
+    before = await streams_started(sims)
+    async with connect(proxy.ws) as ws:
+        root = await turn(ws, input=[user("root")])
+        main = await turn(ws, input=[user("next")], previous_response_id=root["id"])
+        fork = await turn(
+            ws, input=[user("fork")], previous_response_id=root["id"], stream_id="side"
+        )
+        await turn(ws, input=[user("fork 2")], previous_response_id=fork["id"], stream_id="side")
+        await turn(ws, input=[user("more")], previous_response_id=main["id"], stream_id="third")
+    served = await delta(sims, before)
+    assert sorted(served) == [0, 0, 5]  # five turns, one replica
+    m = await scrape(proxy)
+    assert sample(m, "wsmode_upstream_affinity_total", outcome="new") == 1
+    assert sample(m, "wsmode_upstream_affinity_total", outcome="hit") == 4
+
+
+async def test_http_previous_response_id_chains_stick_to_their_replica(
+    sims: list[SimProcess], proxy_factory: ProxyFactory
+) -> None:
+    proxy = await pool_proxy(proxy_factory, sims, upstream__health_interval=0)
+    for conversation in ("alpha", "beta", "gamma"):
+        before = await streams_started(sims)
+        status, doc = await post_responses(
+            proxy, {"model": "sim", "input": [user(conversation)], "store": True}
+        )
+        assert status == 200
+        for n in range(3):
+            status, doc = await post_responses(
+                proxy,
+                {
+                    "model": "sim",
+                    "input": [user(f"{conversation} {n}")],
+                    "previous_response_id": doc["id"],
+                    "store": True,
+                },
+            )
+            assert status == 200, doc
+        assert sorted(await delta(sims, before)) == [0, 0, 4]
+
+
+async def test_affinity_none_spreads_the_turns_of_a_conversation(
+    sims: list[SimProcess], proxy_factory: ProxyFactory
+) -> None:
+    proxy = await pool_proxy(
+        proxy_factory, sims, upstream__health_interval=0, upstream__affinity="none"
+    )
+    before = await streams_started(sims)
+    async with connect(proxy.ws) as ws:
+        previous: str | None = None
+        for n in range(6):
+            fields = {"previous_response_id": previous} if previous else {}
+            previous = (await turn(ws, input=[user(f"turn {n}")], **fields))["id"]
+    served = await delta(sims, before)
+    assert sum(served) == 6 and served == [2, 2, 2]  # one after the other: round-robin
+    m = await scrape(proxy)
+    assert sample(m, "wsmode_upstream_affinity_total", outcome="hit") == 0
+
+
+async def test_a_hot_replica_spills_a_new_conversation_past_the_load_bound(
+    sims: list[SimProcess], proxy_factory: ProxyFactory
+) -> None:
+    """Two conversations with one prompt_cache_key prefer the same replica; while the first
+    is generating there, the second spills to the next replica instead of queueing."""
+    a, b = sims[:2]
+    proxy = await pool_proxy(
+        proxy_factory, [a, b], upstream__health_interval=0, upstream__load_bound=1.0
+    )
+    async with connect(proxy.ws) as hot, connect(proxy.ws) as cool:
+        before = await streams_started([a, b])
+        await send(hot, create(input="x", prompt_cache_key="k", metadata={"sim_fault": "stall:2"}))
+        await recv(hot)  # generating (stalled) on its replica
+        first = await delta([a, b], before)
+        await turn(cool, input="y", prompt_cache_key="k")
+        served = await delta([a, b], before)
+        assert [s - f for s, f in zip(served, first, strict=True)] == [
+            1 - x for x in first
+        ]  # the other replica
+    m = await scrape(proxy)
+    assert sample(m, "wsmode_upstream_affinity_total", outcome="spilled") == 1
+
+
+async def test_each_replica_has_its_own_concurrency_limit(
+    sims: list[SimProcess], proxy_factory: ProxyFactory
+) -> None:
+    """upstream.max_connections = 1 per replica, no queue, no load bound: the second
+    conversation that prefers a busy replica goes to the free one; a third finds both busy
+    and gets upstream_overloaded from its first choice's gate."""
+    a, b = sims[:2]
+    proxy = await pool_proxy(
+        proxy_factory,
+        [a, b],
+        upstream__health_interval=0,
+        upstream__load_bound=0,
+        upstream__max_connections=1,
+        upstream__max_queued_requests=0,
+    )
+    stall = {"metadata": {"sim_fault": "stall:2"}, "prompt_cache_key": "k"}
+    async with connect(proxy.ws) as one, connect(proxy.ws) as two, connect(proxy.ws) as three:
+        await send(one, create(input="1", **stall))
+        await recv(one)
+        await send(two, create(input="2", **stall))
+        await recv(two)
+        assert await streams_started([a, b]) == [1, 1]  # one on each
+        await send(three, create(input="3", prompt_cache_key="k"))
+        err = await recv(three)
+        assert err["type"] == "error" and err["error"]["code"] == "upstream_overloaded"
+        _, doc = await readyz(proxy)
+        assert [u["in_flight"] for u in doc["upstreams"]] == [1, 1]
+        assert [u["max_concurrency"] for u in doc["upstreams"]] == [1, 1]
+    m = await scrape(proxy)
+    total = sum(
+        sample(m, "wsmode_upstream_replica_requests_total", upstream=s.name, outcome="overloaded")
+        for s in (a, b)
+    )
+    assert total == 1
+    assert sample(m, "wsmode_upstream_affinity_total", outcome="spilled") == 1
+
+
+# ------------------------------------------------------------------ what goes upstream
+
+
+async def test_the_session_key_and_slot_reach_the_upstream(
+    sim_factory: Callable[..., Awaitable[Sim]], proxy_factory: ProxyFactory
+) -> None:
+    one, two = await sim_factory(), await sim_factory()
+    proxy = await proxy_factory(
+        "",
+        upstream__urls=(one.url, two.url),
+        upstream__health_interval=0,
+        upstream__llamacpp_slots=4,
+    )
+
+    async def served(ws: Any, **fields: Any) -> tuple[dict[str, Any], dict[str, str], str]:
+        """One turn: the body and headers the replica that served it got, and its id."""
+        before = [one.state.started, two.state.started]
+        response = await turn(ws, **fields)
+        (sim,) = [s for s, n in zip((one, two), before, strict=True) if s.state.started > n]
+        return sim.bodies()[-1], sim.state.last_headers, response["id"]
+
+    async with connect(proxy.ws) as ws:
+        body, headers, first = await served(ws, input="hi")
+        key = body["prompt_cache_key"]
+        assert key.startswith("conn_") and headers["x-session-id"] == key
+        assert isinstance(body["id_slot"], int) and 0 <= body["id_slot"] < 4
+        again, headers, _ = await served(ws, input="more", previous_response_id=first)
+        assert again["prompt_cache_key"] == key and headers["x-session-id"] == key
+        assert again["id_slot"] == body["id_slot"]
+        body, headers, _ = await served(ws, input="mine", prompt_cache_key="user-7")
+        assert body["prompt_cache_key"] == "user-7" and headers["x-session-id"] == "user-7"
+    quiet = await proxy_factory(
+        one.url,
+        upstream__health_interval=0,
+        upstream__session_header="",
+        upstream__session_key_in_body=False,
+    )
+    async with connect(quiet.ws) as ws:
+        await turn(ws, input="hi")
+    assert "prompt_cache_key" not in one.bodies()[-1] and "id_slot" not in one.bodies()[-1]
+    assert "x-session-id" not in {k.lower() for k in one.state.last_headers}
+
+
+async def test_cached_tokens_are_counted_per_replica_and_shown_to_the_client(
+    sims: list[SimProcess], proxy_factory: ProxyFactory
+) -> None:
+    a = sims[0]
+    proxy = await pool_proxy(proxy_factory, [a], upstream__health_interval=0)
+    async with connect(proxy.ws) as ws:
+        response = await turn(ws, input="hello there", metadata={"sim_cached_tokens": "2"})
+    usage = response["usage"]
+    assert usage["input_tokens_details"]["cached_tokens"] == 2
+    m = await scrape(proxy)
+    labels = {"upstream": a.name}
+    assert sample(m, "wsmode_upstream_replica_tokens_total", kind="cached", **labels) == 2
+    prompt = sample(m, "wsmode_upstream_replica_tokens_total", kind="prompt", **labels)
+    assert prompt == usage["input_tokens"] > 2
+    ok = sample(m, "wsmode_upstream_replica_requests_total", outcome="ok", **labels)
+    assert ok == 1
+
+
+# ------------------------------------------------------------------ the command line
+
+
+async def test_serve_takes_several_upstreams(sims: list[SimProcess]) -> None:
+    await _ready(sims[:2])
+    port = free_port()
+    args = ["serve", "--port", str(port), "--upstream", sims[0].url, "--upstream", sims[1].url]
+    with running(args):
+        base = f"http://127.0.0.1:{port}"
+        await wait_healthy(base)
+        async with aiohttp.ClientSession() as http, http.get(f"{base}/readyz") as r:
+            doc = await r.json()
+        assert [u["url"] for u in doc["upstreams"]] == [sims[0].url, sims[1].url]
+    env = {"WSMODE_UPSTREAM_URLS": f"{sims[1].url},{sims[2].url}"}
+    port = free_port()
+    with running(["serve", "--port", str(port)], env):
+        base = f"http://127.0.0.1:{port}"
+        await wait_healthy(base)
+        async with aiohttp.ClientSession() as http, http.get(f"{base}/readyz") as r:
+            doc = await r.json()
+        assert [u["url"] for u in doc["upstreams"]] == [sims[1].url, sims[2].url]
