@@ -7,7 +7,7 @@
    forwarded, with CORS headers only for `server.cors_origins`;
 1. a request id: the client's `x-request-id` when it is sane, else a new one; returned on
    every response (the WebSocket 101 included) and sent upstream (`request_id_var`);
-2. while draining, every new request but /healthz and /metrics gets 503;
+2. while draining, every new request but /healthz, /readyz and /metrics gets 503;
 3. proxy auth (`auth.*`): a missing or wrong key gets 401, on a WebSocket upgrade too;
    more than one `Authorization` header gets 400, auth on or off;
 4. `server.max_connections`: an upgrade beyond it gets 503 before the handshake, so no
