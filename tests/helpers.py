@@ -298,7 +298,7 @@ def running(args: list[str], env: dict[str, str] | None = None) -> Iterator[subp
             proc.stderr.close()
 
 
-async def wait_healthy(base: str) -> dict[str, object]:
+async def wait_healthy(base: str, timeout: float = 10) -> dict[str, object]:
     """/healthz of a server that may still be starting (connection refused until it listens)."""
 
     async def health() -> dict[str, object]:
@@ -307,6 +307,7 @@ async def wait_healthy(base: str) -> dict[str, object]:
 
     return await until(
         health,
+        timeout,
         every=0.05,
         ignore=(aiohttp.ClientConnectionError,),
         message="server never became healthy",
@@ -363,7 +364,18 @@ class SimProcess:
             return dict(await r.json())
 
     async def ready(self) -> None:
-        await wait_healthy(f"http://127.0.0.1:{self.port}")
+        """Until it answers (a Python process starting on a loaded machine takes a while)."""
+
+        async def answers() -> bool:
+            return bool(await self.stats())
+
+        await until(
+            answers,
+            30,
+            every=0.05,
+            ignore=(aiohttp.ClientConnectionError,),
+            message=f"sim on port {self.port} never answered",
+        )
 
 
 @contextmanager

@@ -121,6 +121,8 @@ async def test_health_checks_mark_a_stopped_replica_unhealthy_and_readiness_foll
         before = await streams_started([b])
         await turn(ws, input="hi")
         assert await delta([b], before) == [1]
+    async with aiohttp.ClientSession() as http, http.get(f"{proxy.http}/models") as r:
+        assert r.status == 200  # passthrough too
 
     b.stop()
 
@@ -152,6 +154,18 @@ async def test_the_builtin_sim_answers_the_default_health_check(
     await until(lambda: proxy.state.pool.replicas[0].health.good > 0)
     status, doc = await readyz(proxy)
     assert status == 200 and doc["upstreams"][0]["healthy"]
+
+
+async def test_the_auto_probe_asks_the_first_replica_that_answers(
+    sims: list[SimProcess], proxy_factory: ProxyFactory
+) -> None:
+    a, b = sims[:2]
+    await b.ready()
+    a.stop()  # the first replica is down at start-up
+    proxy = await proxy_factory(
+        "", upstream__urls=(a.url, b.url), upstream__api="auto", upstream__health_interval=0
+    )
+    assert proxy.state.policy.dialect.name == "responses (auto)"
 
 
 # ------------------------------------------------------------------ ejection and moves
@@ -285,12 +299,11 @@ async def test_a_hot_replica_spills_a_new_conversation_past_the_load_bound(
         before = await streams_started([a, b])
         await send(hot, create(input="x", prompt_cache_key="k", metadata={"sim_fault": "stall:2"}))
         await recv(hot)  # generating (stalled) on its replica
-        first = await delta([a, b], before)
+        hot_on = await delta([a, b], before)  # [1, 0] or [0, 1]
+        before = await streams_started([a, b])
         await turn(cool, input="y", prompt_cache_key="k")
-        served = await delta([a, b], before)
-        assert [s - f for s, f in zip(served, first, strict=True)] == [
-            1 - x for x in first
-        ]  # the other replica
+        cool_on = await delta([a, b], before)
+        assert cool_on == [1 - n for n in hot_on]  # the other replica
     m = await scrape(proxy)
     assert sample(m, "wsmode_upstream_affinity_total", outcome="spilled") == 1
 
@@ -402,7 +415,7 @@ async def test_serve_takes_several_upstreams(sims: list[SimProcess]) -> None:
     args = ["serve", "--port", str(port), "--upstream", sims[0].url, "--upstream", sims[1].url]
     with running(args):
         base = f"http://127.0.0.1:{port}"
-        await wait_healthy(base)
+        await wait_healthy(base, 30)
         async with aiohttp.ClientSession() as http, http.get(f"{base}/readyz") as r:
             doc = await r.json()
         assert [u["url"] for u in doc["upstreams"]] == [sims[0].url, sims[1].url]
@@ -410,7 +423,7 @@ async def test_serve_takes_several_upstreams(sims: list[SimProcess]) -> None:
     port = free_port()
     with running(["serve", "--port", str(port)], env):
         base = f"http://127.0.0.1:{port}"
-        await wait_healthy(base)
+        await wait_healthy(base, 30)
         async with aiohttp.ClientSession() as http, http.get(f"{base}/readyz") as r:
             doc = await r.json()
         assert [u["url"] for u in doc["upstreams"]] == [sims[1].url, sims[2].url]
