@@ -623,6 +623,10 @@ class Session:
     def _start_upstream(self, run: Run) -> StartUpstream:
         req, dialect = run.req, self.policy.dialect
         patch = {"previous_response_id": req.previous_response_id, "store": req.store}
+        run.chain = self._chain_of(run)
+        session_key = self.policy.session_key_in_body and client_key(req.settings) is None
+        if session_key:  # the proxy's own key goes upstream; the client's answer shows none
+            patch["prompt_cache_key"] = None
         run.stream = dialect.translator(patch, req.body)
         # an upstream that keeps state must store what the client stores, so that the next
         # turn can continue natively; a stateless one needs to store nothing
@@ -648,8 +652,7 @@ class Session:
         else:
             parent = run.parent or EMPTY
             items = [*parent.items(), *req.input_items]
-        run.chain = self._chain_of(run)
-        if self.policy.session_key_in_body and client_key(settings) is None:
+        if session_key:
             extra["prompt_cache_key"] = run.chain
         if self.policy.llamacpp_slots:
             extra["id_slot"] = slot_of(run.chain, self.policy.llamacpp_slots)

@@ -295,7 +295,8 @@ async def _models(request: web.Request) -> web.Response:
 
 @web.middleware
 async def _record_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request.app[SIM_STATE].last_headers = dict(request.headers)
+    if request.headers.get("User-Agent") != "wsmode-health-check":  # not the proxy's checks
+        request.app[SIM_STATE].last_headers = dict(request.headers)
     return await handler(request)
 
 

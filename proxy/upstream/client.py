@@ -132,6 +132,11 @@ class UpstreamClient:
             request.headers["X-Request-Id"] = rid
         return await handler(request)
 
+    @property
+    def middlewares(self) -> tuple[aiohttp.ClientMiddlewareType, ...]:
+        """What every session to the upstream runs: redirects refused, our credential."""
+        return (refuse_redirects, self._outgoing)
+
     async def start(self) -> None:
         # upstream.max_connections bounds each replica (its gate, upstream/pool.py); the one
         # connector and its keep-alive pool are shared by them all
@@ -147,7 +152,7 @@ class UpstreamClient:
             connector=connector,
             timeout=timeout,
             auto_decompress=False,
-            middlewares=(refuse_redirects, self._outgoing),
+            middlewares=self.middlewares,
         )
 
     async def close(self) -> None:

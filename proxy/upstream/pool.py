@@ -59,6 +59,8 @@ from .client import ConnectFailed, UpstreamClient, UpstreamGate
 
 log = logging.getLogger("wsmode.upstream")
 
+# health checks say what they are, in the model server's logs too
+HEALTH_CHECK_HEADERS = {"User-Agent": "wsmode-health-check"}
 AFFINITY_OUTCOMES = ("hit", "new", "moved", "spilled")
 REQUEST_OUTCOMES = ("ok", "http_4xx", "http_5xx", "unavailable", "timeout", "overloaded", "stream")
 
@@ -372,13 +374,13 @@ class UpstreamPool:
     def health_url(self, replica: Replica) -> URL:
         return URL(replica.url + "/").join(URL(self.settings.health_path))
 
-    async def check(self, replica: Replica) -> bool:
+    async def check(self, replica: Replica, session: aiohttp.ClientSession) -> bool:
         """One active check: GET the health path; an answer below 500 means up."""
-        session = self.client.session
-        assert session is not None, "UpstreamClient.start() was not awaited"
         timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout)
         try:
-            async with session.get(self.health_url(replica), timeout=timeout) as resp:
+            async with session.get(
+                self.health_url(replica), timeout=timeout, headers=HEALTH_CHECK_HEADERS
+            ) as resp:
                 ok = resp.status < 500
         except (TimeoutError, aiohttp.ClientError, OSError):
             ok = False
@@ -394,16 +396,24 @@ class UpstreamPool:
             log.info("upstream replica %s is healthy again", replica.name)
         return ok
 
-    async def check_all(self) -> None:
+    async def check_all(self, session: aiohttp.ClientSession) -> None:
         async with asyncio.TaskGroup() as tg:
             for replica in self.replicas:
-                tg.create_task(self.check(replica))
+                tg.create_task(self.check(replica, session))
 
     async def run_checks(self) -> None:
-        """Check every replica every `health_interval` seconds, until cancelled."""
-        while True:
-            await self.check_all()
-            await asyncio.sleep(self.settings.health_interval)
+        """Check every replica every `health_interval` seconds, until cancelled.
+
+        The checks have a session of their own, a new connection each: they never take or
+        warm a keep-alive connection of the model requests, and a server that closes idle
+        connections early (llama.cpp) does not fail them."""
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(
+            connector=connector, middlewares=self.client.middlewares
+        ) as session:
+            while True:
+                await self.check_all(session)
+                await asyncio.sleep(self.settings.health_interval)
 
     # ---- metrics
 

@@ -363,6 +363,8 @@ async def test_the_session_key_and_slot_reach_the_upstream(
         """One turn: the body and headers the replica that served it got, and its id."""
         before = [one.state.started, two.state.started]
         response = await turn(ws, **fields)
+        # the client's answer shows its own prompt_cache_key, not the proxy's session key
+        assert response["prompt_cache_key"] == fields.get("prompt_cache_key")
         (sim,) = [s for s, n in zip((one, two), before, strict=True) if s.state.started > n]
         return sim.bodies()[-1], sim.state.last_headers, response["id"]
 
