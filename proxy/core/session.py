@@ -37,6 +37,10 @@ the successor at the head of the lane. After `lifetime_over` nothing new starts,
 connection closes once no run is in flight; after `begin_drain` creates are refused (503
 `server_draining`) and the runs already there finish.
 
+Each `StartUpstream` carries a `Route`: the replica that served the run's parent and its
+chain's key (core/routing.py); the adapter reports the replica it used (`routed`), and the
+cached response records both, so every turn of a chain follows it (upstream/pool.py).
+
 On a terminal `completed` or `incomplete` the run's whole item list (parent items, new input,
 output) is cached under the response id. On any failure of a continuation the parent is
 evicted when it belongs to the same lane, and kept for a cross-lane fork (4.2). Errors the
