@@ -125,7 +125,13 @@ def start_stack(**overrides: Any) -> Stack:
         return await serve(sim_app, handler_cancellation=True)
 
     async def proxy_up(sim: Served) -> Served:
-        flat = {"upstream.url": f"{sim.base}/v1", "upstream.read_timeout": 5.0}
+        # no active health checks (docs/pool.md): each round's short-lived tasks would be
+        # counted by the leak check below
+        flat = {
+            "upstream.url": f"{sim.base}/v1",
+            "upstream.read_timeout": 5.0,
+            "upstream.health_interval": 0,
+        }
         flat.update({k.replace("__", "."): v for k, v in overrides.items()})
         return await serve(create_app(load_settings(None, {}, flat)))
 
