@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from .http_front.compact import compact_response
 from .http_front.responses import create_response
 from .http_front.stored import delete_response, get_response, input_items
 from .ops.middleware import OPS, install
+from .ops.shared_store import LocalStore, RedisStore, store_status
 from .runtime import APP_STATE, AppState
 from .sim.app import create_sim_app
 from .upstream.client import UpstreamClient
@@ -80,6 +82,7 @@ async def _healthz(request: web.Request) -> web.Response:
             "simulated_upstream": state.simulated,
             "dialect": state.policy.dialect.name,
             "pid": os.getpid(),  # which worker answered (server.workers)
+            "store": await store_status(state.responses),  # reachable: the shared store
         },
         status=503 if draining else 200,
     )
@@ -99,6 +102,14 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_lifecycle)
     app.cleanup_ctx.append(_tokenizer)
     install(app, settings, core.cache_budget, app[APP_STATE].upstream.gate)
+    st = settings.store
+    if core.store is not None:
+        app[APP_STATE].responses = LocalStore(core.store)
+    elif st.enabled:  # backend = "redis": its client is made once the loop runs (_store)
+        metrics = app[OPS].metrics
+        store = RedisStore(st.redis_url, st.redis_timeout, st.ttl_seconds, metrics)
+        app[APP_STATE].responses = store
+        app.cleanup_ctx.append(functools.partial(_store, store))
     app.router.add_get("/healthz", _healthz)
     app.router.add_route("*", "/v1/responses", _responses)
     app.router.add_post("/v1/responses/compact", compact_response)
@@ -142,6 +153,16 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             await state.moderator.close()
         if sim_runner is not None:
             await sim_runner.cleanup()
+
+
+async def _store(store: RedisStore, app: web.Application) -> AsyncIterator[None]:
+    """The Redis client of this process (each worker makes its own, after the fork)."""
+    await store.start()
+    log.info("response store: redis at %s", redact_url(store.url))
+    try:
+        yield
+    finally:
+        await store.close()
 
 
 async def _tokenizer(app: web.Application) -> AsyncIterator[None]:

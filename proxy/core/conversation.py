@@ -120,6 +120,10 @@ class CachedResponse:
     # new text no moderation has seen (a `generate: false` turn's): the next turn that goes
     # to the model has it moderated with its own (core/guards.py)
     unmoderated: tuple[str, ...] = ()
+    # the upstream replica that served this response (upstream/pool.py), and the id of its
+    # chain's first response: where the chain's next turn goes, and the session key upstream
+    replica: str | None = None
+    chain: str | None = None
 
     def items(self) -> Iterator[bytes]:
         for seg in self.segments:

@@ -8,6 +8,10 @@ never a client's mistake) for any other edge. `DONE` has no way out: a run that 
 never be streamed into, failed or finished a second time.
 
     QUEUED --start--> UPSTREAM --first event--> STREAMING --terminal--> DONE
+       |     ^  ^
+       |     |  +-- stored_loaded (found) --+   (a parent read from a remote store)
+       +--start--> LOADING -----------------+--> COMPACTING, or DONE (not found, unavailable)
+       |
        |    |            |  (native fallback or auto's   |  (a steer at an item
        |    |            |   switch to Chat: UPSTREAM     |   boundary, a cancel,
        |    |            |   again, before any event)     |   a failure)
@@ -41,6 +45,7 @@ _STREAM_ID_KEY = b'"stream_id"'
 
 class RunState(enum.Enum):
     QUEUED = "queued"  # waiting for its lane and a free slot
+    LOADING = "loading"  # its parent is being read from a remote store (LoadStored)
     COMPACTING = "compacting"  # the summarising request of a compaction is running
     UPSTREAM = "upstream"  # request sent, no event yet
     STREAMING = "streaming"  # the upstream's events are arriving
@@ -49,7 +54,8 @@ class RunState(enum.Enum):
 
 _S = RunState
 TRANSITIONS: dict[RunState, frozenset[RunState]] = {
-    _S.QUEUED: frozenset({_S.COMPACTING, _S.UPSTREAM, _S.DONE}),
+    _S.QUEUED: frozenset({_S.LOADING, _S.COMPACTING, _S.UPSTREAM, _S.DONE}),
+    _S.LOADING: frozenset({_S.COMPACTING, _S.UPSTREAM, _S.DONE}),
     _S.COMPACTING: frozenset({_S.UPSTREAM, _S.DONE}),
     _S.UPSTREAM: frozenset({_S.UPSTREAM, _S.STREAMING, _S.DONE}),
     _S.STREAMING: frozenset({_S.DONE}),
