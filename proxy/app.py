@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 from collections.abc import AsyncIterator
+from typing import Any
 
 from aiohttp import web
 
@@ -75,17 +76,17 @@ async def _responses(request: web.Request) -> web.StreamResponse:
 async def _healthz(request: web.Request) -> web.Response:
     state = request.app[APP_STATE]
     draining = request.app[OPS].draining
-    return web.json_response(
-        {
-            "status": "draining" if draining else "ok",
-            "upstream": redact_url(state.upstream_url),
-            "simulated_upstream": state.simulated,
-            "dialect": state.policy.dialect.name,
-            "pid": os.getpid(),  # which worker answered (server.workers)
-            "store": await store_status(state.responses),  # reachable: the shared store
-        },
-        status=503 if draining else 200,
-    )
+    doc: dict[str, Any] = {
+        "status": "draining" if draining else "ok",
+        "upstream": redact_url(state.upstream_url),
+        "simulated_upstream": state.simulated,
+        "dialect": state.policy.dialect.name,
+        "pid": os.getpid(),  # which worker answered (server.workers)
+    }
+    store = await store_status(state.responses)
+    if store is not None and store["backend"] != "memory":  # whether the shared store answers
+        doc["store"] = store
+    return web.json_response(doc, status=503 if draining else 200)
 
 
 def create_app(settings: Settings) -> web.Application:

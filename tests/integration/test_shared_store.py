@@ -1,0 +1,218 @@
+"""The shared store on a real Redis (store.backend = "redis", docs/store.md): two `wsmode
+serve` replicas, each fronting its own `wsmode sim`, share one redis-server
+(tests/redis_server.py). A stored chain continues on the other replica over WebSocket (a new
+socket) and over HTTP; the stored-response routes work there; credentials stay apart;
+`store: false` never reaches Redis; what a response costs in Redis grows with its own items;
+a chain read takes the same round trips short or long and renews every TTL it reads."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import aiohttp
+from websockets.asyncio.client import connect
+
+from tests.helpers import create, send, until, until_terminal, user
+from tests.redis_server import RedisServer, monitored, start_replica
+
+KEY_A = {"Authorization": "Bearer key-a"}
+KEY_B = {"Authorization": "Bearer key-b"}
+
+
+def ws_url(base: str) -> str:
+    return base.replace("http://", "ws://") + "/v1/responses"
+
+
+async def ws_turn(
+    base: str, headers: dict[str, str] | None = None, **fields: Any
+) -> dict[str, Any]:
+    """One turn on a new socket: its terminal event (or error)."""
+    fields.setdefault("input", [user("go")])
+    async with connect(ws_url(base), additional_headers=headers or {}) as ws:
+        await send(ws, create(**fields))
+        return (await until_terminal(ws))[-1]
+
+
+async def completed(base: str, headers: dict[str, str] | None = None, **fields: Any) -> str:
+    ev = await ws_turn(base, headers, **fields)
+    assert ev["type"] == "response.completed", ev
+    rid: str = ev["response"]["id"]
+    return rid
+
+
+async def http_json(
+    method: str, url: str, body: Any = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.request(method, url, json=body, headers=headers) as r,
+    ):
+        return r.status, await r.json()
+
+
+async def test_a_chain_continues_on_the_other_replica_over_websocket_and_http(
+    replicas: tuple[str, str], redis_server: RedisServer
+) -> None:
+    a, b = replicas
+    r1 = await completed(a, input=[user("one")])
+    fresh = await ws_turn(b, input=[user("two")])
+    # on B, over a new socket, from what A stored: the history went upstream with it
+    on_b = await ws_turn(b, input=[user("two")], previous_response_id=r1)
+    assert on_b["type"] == "response.completed", on_b
+    grown = on_b["response"]["usage"]["input_tokens"]
+    assert grown > fresh["response"]["usage"]["input_tokens"]
+    r2 = on_b["response"]["id"]
+    # over HTTP on A, from what B stored
+    body = {"model": "sim", "input": [user("three")], "previous_response_id": r2}
+    status, r3 = await http_json("POST", f"{a}/v1/responses", body)
+    assert status == 200 and r3["status"] == "completed", r3
+    assert r3["usage"]["input_tokens"] > grown
+    # the stored-response routes on B
+    status, got = await http_json("GET", f"{b}/v1/responses/{r3['id']}")
+    assert status == 200 and got["id"] == r3["id"] and got["output"] == r3["output"]
+    status, listed = await http_json("GET", f"{b}/v1/responses/{r3['id']}/input_items?order=asc")
+    assert status == 200
+    users = [i["content"][0]["text"] for i in listed["data"] if i.get("role") == "user"]
+    assert users == ["one", "two", "three"]
+    assert len(listed["data"]) == 5  # three inputs and the two answers between them
+    status, deleted = await http_json("DELETE", f"{b}/v1/responses/{r2}")
+    assert status == 200 and deleted["deleted"] is True
+    status, _ = await http_json("GET", f"{a}/v1/responses/{r2}")
+    assert status == 404
+    gone = await ws_turn(a, previous_response_id=r2, input=[user("x")])
+    assert gone["error"]["code"] == "previous_response_not_found"
+    # what continued from the deleted response still reads its chain through it
+    after = await ws_turn(a, previous_response_id=r3["id"], input=[user("four")])
+    assert after["type"] == "response.completed", after
+
+
+async def test_another_credential_cannot_see_a_stored_chain(
+    replicas: tuple[str, str], redis_server: RedisServer
+) -> None:
+    a, b = replicas
+    rid = await completed(a, KEY_A, input=[user("mine")])
+    other = await ws_turn(b, KEY_B, previous_response_id=rid, input=[user("x")])
+    assert other["type"] == "error"
+    assert other["error"]["code"] == "previous_response_not_found"
+    assert "unavailable" not in other["error"]["message"]
+    status, _ = await http_json("GET", f"{b}/v1/responses/{rid}", headers=KEY_B)
+    assert status == 404
+    status, _ = await http_json("DELETE", f"{b}/v1/responses/{rid}", headers=KEY_B)
+    assert status == 404
+    status, got = await http_json("GET", f"{b}/v1/responses/{rid}", headers=KEY_A)
+    assert status == 200 and got["id"] == rid
+
+
+async def test_store_false_is_never_written(
+    replicas: tuple[str, str], redis_server: RedisServer
+) -> None:
+    a, b = replicas
+    rid = await completed(a, store=False, input=[user("secret")])
+    body = {"model": "sim", "input": [user("secret")], "store": False}
+    status, answer = await http_json("POST", f"{b}/v1/responses", body)
+    assert status == 200
+    assert redis_server.stored_keys() == []
+    for key in (rid, answer["id"]):
+        status, _ = await http_json("GET", f"{b}/v1/responses/{key}")
+        assert status == 404
+    # a stored turn after it is written, holding the conversation it continues
+    async with connect(ws_url(a)) as ws:
+        await send(ws, create(store=False, input=[user("first")]))
+        first = (await until_terminal(ws))[-1]["response"]["id"]
+        await send(ws, create(previous_response_id=first, input=[user("second")]))
+        second = (await until_terminal(ws))[-1]["response"]["id"]
+    assert len(redis_server.stored_keys()) == 1
+    status, listed = await http_json("GET", f"{b}/v1/responses/{second}/input_items")
+    assert status == 200 and len(listed["data"]) == 3  # first, its answer, second
+
+
+async def test_what_a_response_costs_grows_with_its_own_items_not_the_history(
+    replicas: tuple[str, str], redis_server: RedisServer
+) -> None:
+    a, _ = replicas
+    sizes: list[int] = []
+    async with connect(ws_url(a)) as ws:
+        previous = None
+        for turn in range(20):
+            fields: dict[str, Any] = {"input": [user(f"turn {turn} " + "x" * 200)]}
+            if previous:
+                fields["previous_response_id"] = previous
+            await send(ws, create(**fields))
+            previous = (await until_terminal(ws))[-1]["response"]["id"]
+            [key] = [k for k in redis_server.stored_keys() if k.endswith(previous.encode())]
+            sizes.append(int(redis_server.client.memory_usage(key) or 0))
+    assert len(redis_server.stored_keys()) == 20
+    # the 20th response holds 20 turns of history, yet costs what the 2nd one does
+    assert max(sizes[1:]) < 1.5 * min(sizes[1:]), sizes
+    history = sum(sizes)
+    assert sizes[-1] * 5 < history
+
+
+async def test_a_chain_read_costs_the_same_round_trips_short_or_long(
+    replicas: tuple[str, str], redis_server: RedisServer
+) -> None:
+    a, b = replicas
+
+    async def chain(turns: int) -> str:
+        async with connect(ws_url(a)) as ws:
+            previous = None
+            for turn in range(turns):
+                fields: dict[str, Any] = {"input": [user(f"t{turn}")]}
+                if previous:
+                    fields["previous_response_id"] = previous
+                await send(ws, create(**fields))
+                previous = (await until_terminal(ws))[-1]["response"]["id"]
+        assert previous is not None
+        return previous
+
+    short, long = await chain(2), await chain(20)
+    await completed(b, previous_response_id=short)  # B's scripts are loaded from here on
+    trips: list[int] = []
+    for leaf in (short, long):
+        with monitored(redis_server) as seen:
+            await completed(b, previous_response_id=leaf)  # a read, then a write
+        trips.append(sum(1 for c in seen if c["client_type"] != "lua"))
+    assert trips[0] == trips[1] == 2, trips
+
+
+async def test_a_read_renews_the_ttl_of_every_response_of_the_chain(
+    replicas: tuple[str, str], redis_server: RedisServer
+) -> None:
+    a, b = replicas
+    async with connect(ws_url(a)) as ws:
+        previous = None
+        for turn in range(3):
+            fields: dict[str, Any] = {"input": [user(f"t{turn}")]}
+            if previous:
+                fields["previous_response_id"] = previous
+            await send(ws, create(**fields))
+            previous = (await until_terminal(ws))[-1]["response"]["id"]
+    keys = redis_server.stored_keys()
+    assert len(keys) == 3
+    for key in keys:
+        redis_server.client.pexpire(key, 60_000)  # as if a day had nearly gone by
+    status, _ = await http_json("GET", f"{b}/v1/responses/{previous}")
+    assert status == 200
+    ttls = [int(redis_server.client.pttl(key)) for key in keys]
+    assert all(ttl > 86_000_000 for ttl in ttls), ttls  # store.ttl_seconds = 86400 again
+
+
+async def test_two_workers_share_the_store(redis_server: RedisServer) -> None:
+    with contextlib.ExitStack() as stack:
+        base = start_replica(stack, redis_server.url, WSMODE_SERVER_WORKERS="2")
+        pids: set[object] = set()
+
+        async def both_workers_answer() -> bool:  # new connections spread (SO_REUSEPORT)
+            _, health = await http_json("GET", f"{base}/healthz")
+            pids.add(health["pid"])
+            return len(pids) == 2
+
+        await until(both_workers_answer, message="the second worker never answered")
+        previous = await completed(base, input=[user("t0")])
+        for turn in range(1, 10):  # each turn on a new socket, on either worker
+            previous = await completed(
+                base, previous_response_id=previous, input=[user(f"t{turn}")]
+            )
+        status, listed = await http_json("GET", f"{base}/v1/responses/{previous}/input_items")
+        assert status == 200 and listed["data"][0]["content"][0]["text"] == "t9"
