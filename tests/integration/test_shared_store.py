@@ -8,13 +8,25 @@ a chain read takes the same round trips short or long and renews every TTL it re
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 from websockets.asyncio.client import connect
 
-from tests.helpers import create, send, until, until_terminal, user
-from tests.redis_server import RedisServer, monitored, start_replica
+from tests.helpers import (
+    Proxy,
+    Sim,
+    create,
+    sample,
+    scrape,
+    seconds,
+    send,
+    until,
+    until_terminal,
+    user,
+)
+from tests.redis_server import RedisServer, monitored, redis_server_process, start_replica
 
 KEY_A = {"Authorization": "Bearer key-a"}
 KEY_B = {"Authorization": "Bearer key-b"}
@@ -216,3 +228,65 @@ async def test_two_workers_share_the_store(redis_server: RedisServer) -> None:
             )
         status, listed = await http_json("GET", f"{base}/v1/responses/{previous}/input_items")
         assert status == 200 and listed["data"][0]["content"][0]["text"] == "t9"
+
+
+async def test_redis_slow_then_down_then_back(
+    sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]]
+) -> None:
+    """A turn never waits on Redis past store.redis_timeout: a write that cannot be made is
+    dropped and counted, a continuation that needs the store gets the documented not-found
+    saying it is unavailable, /healthz says so; once Redis is back everything works again."""
+    with redis_server_process() as server:
+        proxy = await proxy_factory(
+            sim.url,
+            store__backend="redis",
+            store__redis_url=server.url,
+            store__redis_timeout=seconds(0.3),
+        )
+        base = proxy.served.base
+
+        async def dropped() -> float:
+            metrics = await scrape(proxy)
+            return sample(metrics, "wsmode_store_writes_dropped_total", reason="unavailable")
+
+        async def reachable() -> object:
+            _, health = await http_json("GET", f"{base}/healthz")
+            return health["store"]["reachable"]
+
+        assert await reachable() is True
+        async with connect(proxy.ws) as ws:
+            await send(ws, create(input=[user("one")]))
+            r1 = (await until_terminal(ws))[-1]["response"]["id"]
+            server.pause()  # Redis answers nothing: a hung server
+            await send(ws, create(previous_response_id=r1, input=[user("two")]))
+            ev = (await until_terminal(ws))[-1]
+            assert ev["type"] == "response.completed"  # from the connection's cache
+            r2 = ev["response"]["id"]
+            assert await dropped() == 1
+            stored = await ws_turn(base, previous_response_id=r1)  # a new socket: the store
+            assert stored["error"]["code"] == "previous_response_not_found"
+            assert stored["status"] == 400
+            assert "store is unavailable" in stored["error"]["message"]
+            assert await reachable() is False
+            status, body = await http_json("GET", f"{base}/v1/responses/{r1}")
+            assert status == 503 and body["error"]["code"] == "store_unavailable"
+            server.resume()
+            server.stop()  # now down: connections refused
+            await send(ws, create(previous_response_id=r2, input=[user("three")]))
+            ev = (await until_terminal(ws))[-1]
+            assert ev["type"] == "response.completed"
+            r3 = ev["response"]["id"]
+            assert await dropped() == 2
+            assert await reachable() is False
+            server.start()  # back, empty (no persistence)
+            await until(reachable, message="the store never became reachable again")
+            await send(ws, create(previous_response_id=r3, input=[user("four")]))
+            r4 = (await until_terminal(ws))[-1]["response"]["id"]
+        # its parents' writes were dropped: r4 was stored with the whole conversation
+        status, listed = await http_json("GET", f"{base}/v1/responses/{r4}/input_items")
+        assert status == 200
+        texts = [i["content"][0]["text"] for i in listed["data"] if i.get("role") == "user"]
+        assert texts == ["four", "three", "two", "one"]
+        after = await ws_turn(base, previous_response_id=r4, input=[user("five")])
+        assert after["type"] == "response.completed", after
+        assert await dropped() == 2
