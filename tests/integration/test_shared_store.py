@@ -12,7 +12,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import orjson
+from aiohttp import web
 from websockets.asyncio.client import connect
+from wsmode.sim.events import response_events
+from wsmode.sim.model import plan
 
 from tests.helpers import (
     Proxy,
@@ -22,6 +26,7 @@ from tests.helpers import (
     scrape,
     seconds,
     send,
+    serve,
     until,
     until_terminal,
     user,
@@ -290,3 +295,46 @@ async def test_redis_slow_then_down_then_back(
         after = await ws_turn(base, previous_response_id=r4, input=[user("five")])
         assert after["type"] == "response.completed", after
         assert await dropped() == 2
+
+
+async def test_a_reused_response_id_never_overwrites_a_stored_chain(
+    redis_server: RedisServer, proxy_factory: Callable[..., Awaitable[Proxy]]
+) -> None:
+    """A model server that names every response `resp_reused`: the first is stored, the
+    second is never written over it (the write is refused and counted), so the stored id
+    still holds its own conversation on every replica."""
+
+    async def reusing(request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        events = list(
+            response_events(body, plan(body, seed=1, output_tokens=3, tool_calls_per_turn=0))
+        )
+        for ev in events:
+            if isinstance(ev.get("response"), dict):
+                ev["response"]["id"] = "resp_reused"
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for ev in events:
+            await resp.write(b"event: %s\ndata: %s\n\n" % (ev["type"].encode(), orjson.dumps(ev)))
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/responses", reusing)
+    upstream = await serve(app)
+    try:
+        proxy = await proxy_factory(
+            f"{upstream.base}/v1", store__backend="redis", store__redis_url=redis_server.url
+        )
+        for text in ("alpha", "beta"):
+            body = {"model": "sim", "input": [user(text)]}
+            status, answer = await http_json("POST", f"{proxy.http}/responses", body)
+            assert status == 200 and answer["id"] == "resp_reused"
+        url = f"{proxy.http}/responses/resp_reused/input_items"
+        status, listed = await http_json("GET", url)
+        assert status == 200
+        assert [i["content"][0]["text"] for i in listed["data"]] == ["alpha"]
+        metrics = await scrape(proxy)
+        assert sample(metrics, "wsmode_store_writes_dropped_total", reason="exists") == 1
+    finally:
+        await upstream.runner.cleanup()
