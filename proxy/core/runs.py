@@ -8,15 +8,17 @@ never a client's mistake) for any other edge. `DONE` has no way out: a run that 
 never be streamed into, failed or finished a second time.
 
     QUEUED --start--> UPSTREAM --first event--> STREAMING --terminal--> DONE
-       |     ^  ^
-       |     |  +-- stored_loaded (found) --+   (a parent read from a remote store)
-       +--start--> LOADING -----------------+--> COMPACTING, or DONE (not found, unavailable)
-       |
        |    |            |  (native fallback or auto's   |  (a steer at an item
        |    |            |   switch to Chat: UPSTREAM     |   boundary, a cancel,
        |    |            |   again, before any event)     |   a failure)
        |    +--> COMPACTING --summary_done--> UPSTREAM    +-------------------> DONE
        +--warmup / not found / rejected / client gone -------------------> DONE
+
+    QUEUED --start--> LOADING --stored_loaded--> UPSTREAM, COMPACTING, or DONE
+
+LOADING: the parent is not in the connection's cache and the store is remote (Redis): the
+adapter reads it (`LoadStored`) while the run holds its lane and slot, and hands the answer
+back (`Session.stored_loaded`: found, not found, or the store unavailable, which end it).
 
 Every edge into DONE is taken by the session's single end (`Session._end`), which also
 settles the run's steers and reports the run's `Outcome` (proxy/core/actions.py).
