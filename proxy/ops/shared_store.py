@@ -235,7 +235,7 @@ class RedisStore:
         except (TimeoutError, redis.RedisError, OSError) as exc:
             kind = "timeout" if isinstance(exc, TimeoutError | redis.TimeoutError) else "error"
             self.metrics.store_requests.labels(op, kind).inc()
-            log.warning("store %s failed (%s): %s", op, kind, exc or type(exc).__name__)
+            log.warning("store %s failed (%s): %s", op, kind, str(exc) or type(exc).__name__)
             raise StoreUnavailable(f"{kind}: {exc}") from None
         self.metrics.store_requests.labels(op, "ok").inc()
         self.metrics.store_latency.labels(op).observe(time.perf_counter() - start)
@@ -245,7 +245,12 @@ class RedisStore:
         prefix = self.prefix(owner)
         args = (prefix, self.ttl_ms, MAX_CHAIN)
         reply = await self._call("read", lambda: self._read(keys=[prefix + rid], args=args))
-        return decode(rid, reply)
+        try:
+            return decode(rid, reply)
+        except (ValueError, KeyError, TypeError, IndexError) as exc:  # not a record of ours
+            self.metrics.store_requests.labels("read", "error").inc()
+            log.error("store: the record of %s cannot be read: %r", rid, exc)
+            raise StoreUnavailable(f"unreadable record: {exc!r}") from None
 
     async def save(self, stored: StoredResponse, owner: str) -> None:
         prefix = self.prefix(owner)

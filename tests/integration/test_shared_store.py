@@ -295,6 +295,13 @@ async def test_redis_slow_then_down_then_back(
         after = await ws_turn(base, previous_response_id=r4, input=[user("five")])
         assert after["type"] == "response.completed", after
         assert await dropped() == 2
+        metrics = await scrape(proxy)  # round trips by result, and their time
+        trips = "wsmode_store_requests_total"
+        assert sample(metrics, trips, op="read", result="timeout") == 2  # a turn, a GET
+        assert sample(metrics, trips, op="write", result="timeout") == 1
+        assert sample(metrics, trips, op="write", result="error") == 1
+        assert sample(metrics, trips, op="read", result="ok") >= 2
+        assert sample(metrics, "wsmode_store_request_seconds_count", op="read") >= 2
 
 
 async def test_a_reused_response_id_never_overwrites_a_stored_chain(
