@@ -345,3 +345,17 @@ async def test_a_reused_response_id_never_overwrites_a_stored_chain(
         assert sample(metrics, "wsmode_store_writes_dropped_total", reason="exists") == 1
     finally:
         await upstream.runner.cleanup()
+
+
+async def test_compact_from_a_response_stored_by_the_other_replica(
+    replicas: tuple[str, str], redis_server: RedisServer
+) -> None:
+    a, b = replicas
+    history = [user(f"fact-{i}: " + "detail " * 40) for i in range(6)]
+    status, first = await http_json("POST", f"{a}/v1/responses", {"model": "sim", "input": history})
+    assert status == 200
+    body = {"model": "sim", "previous_response_id": first["id"]}
+    status, doc = await http_json("POST", f"{b}/v1/responses/compact", body, KEY_A)
+    assert status == 400 and doc["error"]["code"] == "previous_response_not_found"  # not KEY_A's
+    status, doc = await http_json("POST", f"{b}/v1/responses/compact", body)
+    assert status == 200 and doc["output"][0]["type"] == "compaction", doc
