@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import orjson
-from wsmode.core.actions import Action, Finished, LoadStored, SaveStored, Send
+from wsmode.core.actions import Action, Finished, LoadStored, SaveStored, Send, Summarise
+from wsmode.core.context.manager import SummaryResult
 from wsmode.core.conversation import NO_CALLS, CachedResponse, Segment, index_calls
 from wsmode.core.runs import RunState
 from wsmode.core.session import Session
@@ -17,10 +18,13 @@ from wsmode.ops.shared_store import decode, encode
 
 from tests.unit.session_helpers import (
     CALL,
+    assistant,
     body_of,
     complete,
     create,
+    make_context_session,
     make_session,
+    send_create,
     sends,
     starts,
     the_start,
@@ -156,3 +160,38 @@ def test_a_record_round_trips_every_field_and_the_exact_item_bytes() -> None:
     assert (got.replica, got.chain) == ("replica-1", "r1")
     assert "c1" in got.calls
     assert back.response == b'{"id":"r2"}' and back.input_count == 2
+
+
+def test_after_a_compaction_the_record_starts_its_own_chain() -> None:
+    """The compacted history replaces the old one: the record holds it whole, points at no
+    parent, and carries the whole call index (the calls the compaction stands for)."""
+    s = replace(make_context_session(keep_recent_fraction=0.3), remote_store=True)
+    prev: str | None = None
+    previous = None
+    for i in range(6):
+        fields: dict[str, object] = {"input": [user(f"fact-{i} " + "x" * 200)], "store": True}
+        if i == 2:  # a tool call and its answer, early in the conversation
+            fields["input"] = [
+                CALL,
+                {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+            ]
+        if prev:
+            fields["previous_response_id"] = prev
+        prev, out = complete(s, the_start(send_create(s, **fields)))
+        [save] = saves(out)
+        assert save.stored.parent == (None if i == 0 else previous)
+        previous = prev
+    compacting = send_create(
+        s,
+        input=[user("next")],
+        previous_response_id=prev,
+        context_management=[{"type": "compaction", "compact_threshold": 1000}],
+        store=True,
+    )
+    [summary] = [a for a in compacting if isinstance(a, Summarise)]
+    result = SummaryResult("completed", [assistant("SUMMARY")], None)
+    start = the_start(s.summary_done(summary.run_id, result))
+    _, out = complete(s, start)
+    [save] = saves(out)
+    assert save.stored.parent is None
+    assert "c1" in encode(save.stored)[2].decode()  # the call made before the compaction
