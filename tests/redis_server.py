@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -137,6 +138,9 @@ def _healthz(base: str) -> dict[str, Any] | None:
         with urllib.request.urlopen(f"{base}/healthz", timeout=5) as r:
             doc: dict[str, Any] = json.loads(r.read())
             return doc
+    except urllib.error.HTTPError as err:  # answered, but not 200: not ready yet
+        err.close()
+        return None
     except OSError:
         return None
 
@@ -147,10 +151,10 @@ def start_replica(stack: contextlib.ExitStack, redis_url: str, **env: str) -> st
     sim_port, port = free_port(), free_port()
     stack.enter_context(running(["sim", "--port", str(sim_port), "--ttft-ms", "0"]))
     sim_base = f"http://127.0.0.1:{sim_port}"
-    until_sync(lambda: _healthz(sim_base), every=0.05, message="the sim never started")
+    until_sync(lambda: _healthz(sim_base), 30, every=0.05, message="the sim never started")
     store = {"WSMODE_STORE_BACKEND": "redis", "WSMODE_STORE_REDIS_URL": redis_url}
     args = ["serve", "--port", str(port), "--upstream", f"{sim_base}/v1", "--log-level", "WARNING"]
     stack.enter_context(running(args, {**store, **env}))
     base = f"http://127.0.0.1:{port}"
-    until_sync(lambda: _healthz(base), every=0.05, message="the replica never started")
+    until_sync(lambda: _healthz(base), 30, every=0.05, message="the replica never started")
     return base
