@@ -15,7 +15,10 @@ the waiting creates count against the connection's bound and the process `Memory
 (proxy/core/memory.py), and a create past either gets `too_many_queued_requests`. A run
 starts when it reaches the head of its lane and a slot is free; only then is
 `previous_response_id` resolved (connection cache first, then the store), because the
-parent may be the response that ran just before it. A fork whose parent is still in flight
+parent may be the response that ran just before it. A remote store (Redis, docs/store.md)
+is never called from here: the run waits in LOADING while the adapter executes a
+`LoadStored` and hands the answer back (`stored_loaded`), and a stored response is written
+by a `SaveStored` placed before its terminal event. A fork whose parent is still in flight
 on another lane waits at the head of its lane until that run ends. A parent that a queued
 run refers to is pinned in the cache until the run starts (4.4).
 

@@ -195,15 +195,22 @@ class RedisStore:
         self.ttl_ms = max(1, int(ttl_seconds * 1000))
         self.metrics = metrics
         self._client: Any = None
+        # what a failed round trip raises (redis-py's errors, known once it is imported)
+        self._failures: tuple[type[BaseException], ...] = (TimeoutError, OSError)
+        self._timeouts: tuple[type[BaseException], ...] = (TimeoutError,)
         self._read: Any = None
         self._write: Any = None
         self._delete: Any = None
 
     async def start(self) -> None:
-        import redis.asyncio as aioredis  # the optional extra: config.py checked it is there
+        # the optional extra, imported only here: config.py checked that it is installed
+        import redis
+        import redis.asyncio as aioredis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
+        self._failures = (TimeoutError, OSError, redis.RedisError)
+        self._timeouts = (TimeoutError, redis.TimeoutError)
         self._client = aioredis.from_url(
             self.url,
             socket_timeout=self.timeout,
@@ -226,14 +233,12 @@ class RedisStore:
     async def _call(self, op: str, call: Callable[[], Awaitable[T]]) -> T:
         """One round trip, bounded by `redis_timeout`, timed and counted; raises
         StoreUnavailable for any failure."""
-        import redis
-
         start = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout):
                 result = await call()
-        except (TimeoutError, redis.RedisError, OSError) as exc:
-            kind = "timeout" if isinstance(exc, TimeoutError | redis.TimeoutError) else "error"
+        except self._failures as exc:
+            kind = "timeout" if isinstance(exc, self._timeouts) else "error"
             self.metrics.store_requests.labels(op, kind).inc()
             log.warning("store %s failed (%s): %s", op, kind, str(exc) or type(exc).__name__)
             raise StoreUnavailable(f"{kind}: {exc}") from None
