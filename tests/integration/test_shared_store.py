@@ -193,10 +193,24 @@ async def test_a_chain_read_costs_the_same_round_trips_short_or_long(
     assert trips[0] == trips[1] == 2, trips
 
 
-async def test_a_read_renews_the_ttl_of_every_response_of_the_chain(
+async def test_reads_and_writes_renew_the_ttl_of_every_response_of_the_chain(
     replicas: tuple[str, str], redis_server: RedisServer
 ) -> None:
+    """A read renews the chain it reads; so does a write, for the chain it extends: a chain
+    continued only on one socket (whose turns never read Redis) keeps its ancestors alive,
+    so none expires before its descendants."""
     a, b = replicas
+
+    def age_everything() -> list[bytes]:
+        keys = redis_server.stored_keys()
+        for key in keys:
+            redis_server.client.pexpire(key, 60_000)  # as if a day had nearly gone by
+        return keys
+
+    def renewed(keys: list[bytes]) -> bool:
+        ttls = [int(redis_server.client.pttl(key)) for key in keys]
+        return all(ttl > 86_000_000 for ttl in ttls)  # store.ttl_seconds = 86400 again
+
     async with connect(ws_url(a)) as ws:
         previous = None
         for turn in range(3):
@@ -205,14 +219,15 @@ async def test_a_read_renews_the_ttl_of_every_response_of_the_chain(
                 fields["previous_response_id"] = previous
             await send(ws, create(**fields))
             previous = (await until_terminal(ws))[-1]["response"]["id"]
-    keys = redis_server.stored_keys()
-    assert len(keys) == 3
-    for key in keys:
-        redis_server.client.pexpire(key, 60_000)  # as if a day had nearly gone by
-    status, _ = await http_json("GET", f"{b}/v1/responses/{previous}")
-    assert status == 200
-    ttls = [int(redis_server.client.pttl(key)) for key in keys]
-    assert all(ttl > 86_000_000 for ttl in ttls), ttls  # store.ttl_seconds = 86400 again
+        keys = age_everything()
+        assert len(keys) == 3 and not renewed(keys)
+        status, _ = await http_json("GET", f"{b}/v1/responses/{previous}")
+        assert status == 200
+        assert renewed(keys)
+        keys = age_everything()
+        await send(ws, create(previous_response_id=previous, input=[user("t3")]))
+        assert (await until_terminal(ws))[-1]["type"] == "response.completed"
+        assert renewed(keys)  # the write of the 4th renewed the three before it
 
 
 async def test_two_workers_share_the_store(redis_server: RedisServer) -> None:
