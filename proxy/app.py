@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import AsyncIterator
+from typing import Any
 
 from aiohttp import web
 
@@ -25,6 +27,7 @@ from .http_front.compact import compact_response
 from .http_front.responses import create_response
 from .http_front.stored import delete_response, get_response, input_items
 from .ops.middleware import OPS, install
+from .ops.shared_store import LocalStore, RedisStore, store_status
 from .runtime import APP_STATE, AppState
 from .sim.app import create_sim_app
 from .upstream.client import UpstreamClient
@@ -76,37 +79,45 @@ async def _healthz(request: web.Request) -> web.Response:
     """Liveness: 200 unless draining; `ready` says what /readyz would."""
     state = request.app[APP_STATE]
     draining = request.app[OPS].draining
-    return web.json_response(
-        {
-            "status": "draining" if draining else "ok",
-            "ready": not draining and not _not_ready(state),
-            "upstream": redact_url(state.upstream_url),
-            "simulated_upstream": state.simulated,
-            "dialect": state.policy.dialect.name,
-            "pid": os.getpid(),  # which worker answered (server.workers)
-        },
-        status=503 if draining else 200,
-    )
+    store = await store_status(state.responses)
+    doc: dict[str, Any] = {
+        "status": "draining" if draining else "ok",
+        "ready": not draining and not _not_ready(state, store),
+        "upstream": redact_url(state.upstream_url),
+        "simulated_upstream": state.simulated,
+        "dialect": state.policy.dialect.name,
+        "pid": os.getpid(),  # which worker answered (server.workers)
+    }
+    if store is not None and store["backend"] != "memory":  # whether the shared store answers
+        doc["store"] = store
+    return web.json_response(doc, status=503 if draining else 200)
 
 
-def _not_ready(state: AppState) -> list[str]:
-    """Why the process cannot serve now; empty when it can."""
-    if state.pool.ready:
-        return []
-    return ["no upstream replica is healthy: " + ", ".join(r.name for r in state.pool.replicas)]
+def _not_ready(state: AppState, store: dict[str, Any] | None) -> list[str]:
+    """Why the process cannot serve now, given the store's status; empty when it can."""
+    reasons = []
+    if not state.pool.ready:
+        names = ", ".join(r.name for r in state.pool.replicas)
+        reasons.append("no upstream replica is healthy: " + names)
+    if store is not None and store["backend"] != "memory" and not store["reachable"]:
+        reasons.append("the shared store does not answer")
+    return reasons
 
 
 async def _readyz(request: web.Request) -> web.Response:
     """Readiness: 200 while at least one upstream replica is healthy and not ejected, and
     the server is not draining; else 503 with the reasons."""
     state = request.app[APP_STATE]
-    reasons = _not_ready(state)
+    store = await store_status(state.responses)
+    reasons = _not_ready(state, store)
     if request.app[OPS].draining:
         reasons.append("the server is draining")
     doc: dict[str, object] = {"status": "not ready" if reasons else "ready"}
     if reasons:
         doc["reasons"] = reasons
     doc["upstreams"] = state.pool.snapshot()
+    if store is not None:
+        doc["store"] = store
     return web.json_response(doc, status=503 if reasons else 200)
 
 
@@ -128,6 +139,13 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_tokenizer)
     ops = install(app, settings, core.cache_budget, app[APP_STATE].pool)
     ops.metrics.add_state(app[APP_STATE].pool.families)
+    st = settings.store
+    if core.store is not None:
+        app[APP_STATE].responses = LocalStore(core.store)
+    elif st.enabled:  # backend = "redis": its client is made once the loop runs (_store)
+        store = RedisStore(st.redis_url, st.redis_timeout, st.ttl_seconds, ops.metrics)
+        app[APP_STATE].responses = store
+        app.cleanup_ctx.append(functools.partial(_store, store))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_route("*", "/v1/responses", _responses)
@@ -180,6 +198,16 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             await state.moderator.close()
         if sim_runner is not None:
             await sim_runner.cleanup()
+
+
+async def _store(store: RedisStore, app: web.Application) -> AsyncIterator[None]:
+    """The Redis client of this process (each worker makes its own, after the fork)."""
+    await store.start()
+    log.info("response store: redis at %s", redact_url(store.url))
+    try:
+        yield
+    finally:
+        await store.close()
 
 
 async def _tokenizer(app: web.Application) -> AsyncIterator[None]:

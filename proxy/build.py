@@ -38,7 +38,7 @@ class Core:
     policy: UpstreamPolicy
     limits: SessionLimits
     cache_budget: CacheBudget
-    store: ResponseStore | None
+    store: ResponseStore | None  # the in-process store; None when off or remote
     memory: MemoryBudget  # the process budget over caches, store, queued creates, outbound
     context: ContextManager | None  # compaction and context windows; None when switched off
     guards: Guards | None = None  # checks of each turn's new input ([guards])
@@ -68,6 +68,7 @@ class Core:
             guards=self.guards,
             memory=self.memory,
             chain_key=chain_key,
+            remote_store=self.settings.store.enabled and self.store is None,
         )
 
 
@@ -89,8 +90,8 @@ def build_core(settings: Settings) -> Core:
         cache_budget=cache_budget,
         store=(
             MemoryStore(st.max_entries, st.max_bytes, st.ttl_seconds, time.time, memory)
-            if st.enabled
-            else None
+            if st.enabled and st.backend == "memory"
+            else None  # off, or remote: the fronts hold the Redis client (docs/store.md)
         ),
         memory=memory,
         context=build_context(settings),

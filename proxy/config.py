@@ -16,6 +16,7 @@ Unknown sections or keys are errors, never silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 import tomllib
 import types
@@ -126,6 +127,11 @@ class StoreSettings:
     max_entries: int = 100_000
     max_bytes: int = 1024 * MiB
     ttl_seconds: float = 86_400.0
+    # where stored responses live: "memory" (this process) or "redis" (shared by replicas
+    # and workers; docs/store.md). max_entries and max_bytes bound the memory backend only
+    backend: str = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_timeout: float = 0.5  # seconds a turn may wait on Redis, per round trip
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +338,7 @@ def _validate(s: Settings) -> None:
         raise ConfigError("usage.queue_size and usage.batch_size must be at least 1")
     if s.server.workers < 1:
         raise ConfigError("server.workers must be at least 1")
+    _validate_store(s.store)
     for origin in (*s.server.allowed_origins, *s.server.cors_origins):
         if origin != "*" and not _ORIGIN.match(origin):
             raise ConfigError(
@@ -375,6 +382,22 @@ def _validate_pool(u: UpstreamSettings) -> None:
         raise ConfigError("upstream.healthy_threshold and unhealthy_threshold must be at least 1")
     if u.session_header and not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", u.session_header):
         raise ConfigError("upstream.session_header must be a valid header name, or empty")
+STORE_BACKENDS = ("memory", "redis")
+
+
+def _validate_store(st: StoreSettings) -> None:
+    if st.backend not in STORE_BACKENDS:
+        raise ConfigError(f"store.backend must be one of {', '.join(STORE_BACKENDS)}")
+    if st.backend != "redis":
+        return
+    if not st.redis_url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError("store.redis_url must start with redis://, rediss:// or unix://")
+    if st.redis_timeout <= 0:
+        raise ConfigError("store.redis_timeout must be more than 0")
+    if importlib.util.find_spec("redis") is None:
+        raise ConfigError(
+            "store.backend = redis needs the redis package: pip install 'wsmode[redis]'"
+        )
 
 
 def as_dict(settings: Settings) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from .config import Settings
 from .core.context.manager import ContextManager
 from .core.conversation import CacheBudget
 from .core.policy import UpstreamPolicy
-from .core.store import ResponseStore
+from .core.store import AsyncStore, ResponseStore
 from .upstream.client import FORWARDED_HEADERS, UpstreamClient
 from .upstream.moderation import Moderator
 from .upstream.pool import UpstreamPool
@@ -31,6 +31,8 @@ class AppState:
     tokenizer: TokenizeWorker | None = None  # exact token counts, in the background
     moderator: Moderator | None = None  # the input guards' moderation hook ([guards])
     client_bytes_received: int = 0  # WebSocket text bytes from clients, all connections
+    # the store as the fronts call it, in-process or Redis (proxy/ops/shared_store.py)
+    responses: AsyncStore | None = None
 
     def channel(self, client_headers: Mapping[str, str], label: str) -> Channel:
         """Where the upstream requests made for one client go: the client's headers that are

@@ -44,13 +44,15 @@ from .core.actions import (
     Close,
     CountTokens,
     Finished,
+    LoadStored,
     RunCreated,
+    SaveStored,
     Send,
     StartUpstream,
     Summarise,
 )
 from .core.ids import new_id
-from .core.store import owner_of
+from .core.store import StoreUnavailable, owner_of
 from .ops.middleware import CLOSE_CODE, OPS, REQUEST_ID
 from .ops.outbound import Outbound
 from .ops.throttle import ReadRate
@@ -280,6 +282,16 @@ class ClientConnection:
                 case CountTokens():
                     if self.state.tokenizer is not None:
                         self.state.tokenizer.submit(action.jobs, self.upstream.headers)
+                case LoadStored():
+                    # a task like a pump: the reader goes on (other lanes), and a cancel or
+                    # the client leaving cancels it (CancelUpstream)
+                    assert self.tg is not None
+                    self.pumps[action.run_id] = self.tg.create_task(self._load(action))
+                case SaveStored():
+                    # awaited here: the terminal event that follows goes out once it is
+                    # stored, so a client continuing on another replica finds it
+                    assert self.state.responses is not None
+                    await self.state.responses.save(action.stored, action.owner)
                 case _:
                     assert_never(action)
         if frames:
@@ -359,6 +371,20 @@ class ClientConnection:
         finally:
             if self.pumps.get(run_id) is asyncio.current_task():
                 del self.pumps[run_id]
+
+    async def _load(self, action: LoadStored) -> None:
+        """Read a run's parent from the remote store, then hand the answer to the session."""
+        store = self.state.responses
+        assert store is not None
+        try:
+            stored = await store.load(action.response_id, action.owner)
+            actions = self.session.stored_loaded(action.run_id, stored)
+        except StoreUnavailable:
+            actions = self.session.stored_loaded(action.run_id, None, unavailable=True)
+        finally:
+            if self.pumps.get(action.run_id) is asyncio.current_task():
+                del self.pumps[action.run_id]
+        await self._execute(actions)
 
 
 def _text_header(n: int) -> bytes:

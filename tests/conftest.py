@@ -5,6 +5,7 @@ What tests share besides fixtures (the time unit, clients, `until`) is in tests/
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -27,6 +28,7 @@ from tests.helpers import (
     sidecar_settings,
 )
 from tests.llamacpp_server import serve_llamacpp
+from tests.redis_server import RedisServer, redis_server_process, start_replica
 
 
 @pytest.fixture
@@ -106,3 +108,26 @@ async def sidecar_factory() -> AsyncIterator[Callable[..., Awaitable[Sidecar]]]:
 def llamacpp() -> Iterator[str]:
     """The base URL (…/v1) of the real llama.cpp server, started once per session."""
     yield from serve_llamacpp()
+
+
+@pytest.fixture(scope="session")
+def redis_session_server() -> Iterator[RedisServer]:
+    """One real redis-server for the session (tests/redis_server.py)."""
+    with redis_server_process() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_server(redis_session_server: RedisServer) -> RedisServer:
+    """The session's redis-server, emptied and its command statistics reset for this test."""
+    redis_session_server.reset()
+    return redis_session_server
+
+
+@pytest.fixture(scope="module")
+def replicas(redis_session_server: RedisServer) -> Iterator[tuple[str, str]]:
+    """Two wsmode replicas sharing the session's Redis, each fronting its own `wsmode sim`:
+    their base URLs (started once per module; use with `redis_server`, which empties Redis)."""
+    with contextlib.ExitStack() as stack:
+        url = redis_session_server.url
+        yield start_replica(stack, url), start_replica(stack, url)

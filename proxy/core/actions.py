@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .context.manager import TokenJob
+    from .store import StoredResponse
 
 
 class Outcome(enum.StrEnum):
@@ -94,6 +95,28 @@ class Finished:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadStored:
+    """Read the stored response `response_id` of `owner` from a remote store (Redis), then
+    hand the answer to `Session.stored_loaded` (found, not found, or the store unavailable).
+    The run waits in LOADING meanwhile (proxy/core/runs.py)."""
+
+    run_id: int
+    response_id: str
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class SaveStored:
+    """Write a finished response to a remote store before the next action (its terminal
+    event) is executed, so that a client continuing elsewhere right after it finds it. The
+    write is bounded by the store's timeout; a failed write is dropped and counted."""
+
+    run_id: int
+    stored: StoredResponse
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
 class CountTokens:
     """Tokenize these items in the background, then call `ContextManager.record_counts`."""
 
@@ -111,7 +134,16 @@ class Summarise:
 
 
 Action = (
-    Send | RunCreated | StartUpstream | CancelUpstream | Close | Finished | Summarise | CountTokens
+    Send
+    | RunCreated
+    | StartUpstream
+    | CancelUpstream
+    | Close
+    | Finished
+    | Summarise
+    | CountTokens
+    | LoadStored
+    | SaveStored
 )
 
 __all__ = [
@@ -120,9 +152,11 @@ __all__ = [
     "Close",
     "CountTokens",
     "Finished",
+    "LoadStored",
     "Outcome",
     "Route",
     "RunCreated",
+    "SaveStored",
     "Send",
     "StartUpstream",
     "Summarise",

@@ -154,6 +154,17 @@ def previous_response_not_found(response_id: str) -> ClientError:
     )
 
 
+def stored_response_unavailable(response_id: str) -> ClientError:
+    """The documented not-found (400 `previous_response_not_found`) when the shared store
+    (docs/store.md) could not answer in time: the id may exist, the store is unavailable."""
+    return ClientError(
+        f"Previous response with id '{response_id}' not found: the response store is "
+        "unavailable right now; retry later, or send the whole conversation.",
+        code="previous_response_not_found",
+        param="previous_response_id",
+    )
+
+
 def no_tool_call(what: str, call_id: str) -> ClientError:
     """A tool output whose call is not in the conversation: OpenAI's own words and code."""
     return ClientError(

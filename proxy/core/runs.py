@@ -14,6 +14,12 @@ never be streamed into, failed or finished a second time.
        |    +--> COMPACTING --summary_done--> UPSTREAM    +-------------------> DONE
        +--warmup / not found / rejected / client gone -------------------> DONE
 
+    QUEUED --start--> LOADING --stored_loaded--> UPSTREAM, COMPACTING, or DONE
+
+LOADING: the parent is not in the connection's cache and the store is remote (Redis): the
+adapter reads it (`LoadStored`) while the run holds its lane and slot, and hands the answer
+back (`Session.stored_loaded`: found, not found, or the store unavailable, which end it).
+
 Every edge into DONE is taken by the session's single end (`Session._end`), which also
 settles the run's steers and reports the run's `Outcome` (proxy/core/actions.py).
 """
@@ -41,6 +47,7 @@ _STREAM_ID_KEY = b'"stream_id"'
 
 class RunState(enum.Enum):
     QUEUED = "queued"  # waiting for its lane and a free slot
+    LOADING = "loading"  # its parent is being read from a remote store (LoadStored)
     COMPACTING = "compacting"  # the summarising request of a compaction is running
     UPSTREAM = "upstream"  # request sent, no event yet
     STREAMING = "streaming"  # the upstream's events are arriving
@@ -49,7 +56,8 @@ class RunState(enum.Enum):
 
 _S = RunState
 TRANSITIONS: dict[RunState, frozenset[RunState]] = {
-    _S.QUEUED: frozenset({_S.COMPACTING, _S.UPSTREAM, _S.DONE}),
+    _S.QUEUED: frozenset({_S.LOADING, _S.COMPACTING, _S.UPSTREAM, _S.DONE}),
+    _S.LOADING: frozenset({_S.COMPACTING, _S.UPSTREAM, _S.DONE}),
     _S.COMPACTING: frozenset({_S.UPSTREAM, _S.DONE}),
     _S.UPSTREAM: frozenset({_S.UPSTREAM, _S.STREAMING, _S.DONE}),
     _S.STREAMING: frozenset({_S.DONE}),

@@ -15,7 +15,10 @@ the waiting creates count against the connection's bound and the process `Memory
 (proxy/core/memory.py), and a create past either gets `too_many_queued_requests`. A run
 starts when it reaches the head of its lane and a slot is free; only then is
 `previous_response_id` resolved (connection cache first, then the store), because the
-parent may be the response that ran just before it. A fork whose parent is still in flight
+parent may be the response that ran just before it. A remote store (Redis, docs/store.md)
+is never called from here: the run waits in LOADING while the adapter executes a
+`LoadStored` and hands the answer back (`stored_loaded`), and a stored response is written
+by a `SaveStored` placed before its terminal event. A fork whose parent is still in flight
 on another lane waits at the head of its lane until that run ends. A parent that a queued
 run refers to is pinned in the cache until the run starts (4.4).
 
@@ -54,7 +57,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -65,9 +68,11 @@ from .actions import (
     Close,
     CountTokens,
     Finished,
+    LoadStored,
     Outcome,
     Route,
     RunCreated,
+    SaveStored,
     Send,
     StartUpstream,
 )
@@ -79,9 +84,11 @@ from .context.trigger import CompactionStream
 from .conversation import (
     CHECKED_OUTPUTS,
     EMPTY,
+    NO_CALLS,
     CachedResponse,
     ResponseCache,
     Segment,
+    index_calls,
     orphan_output,
 )
 from .errors import (
@@ -94,6 +101,7 @@ from .errors import (
     no_tool_call,
     previous_response_not_found,
     reused_response_id,
+    stored_response_unavailable,
 )
 from .guards import Guards
 from .memory import MemoryBudget
@@ -105,7 +113,7 @@ from .sse import SSEEvent
 from .steering import Steering, at_boundary, steered_response
 from .store import ResponseStore, StoredResponse
 
-_IN_FLIGHT = (RunState.COMPACTING, RunState.UPSTREAM, RunState.STREAMING)
+_IN_FLIGHT = (RunState.LOADING, RunState.COMPACTING, RunState.UPSTREAM, RunState.STREAMING)
 # outcomes whose run delivered what it carried (a steer's input included)
 _DELIVERED = frozenset({Outcome.COMPLETED, Outcome.INCOMPLETE, Outcome.WARMUP, Outcome.STEERED})
 # set in a cached response's settings when the upstream never saw it (the proxy wrote it):
@@ -128,6 +136,9 @@ class Session:
     # the key of a new chain whose client names none: the WebSocket connection's id; None
     # (HTTP): a hash of the conversation's start (core/routing.py)
     chain_key: str | None = None
+    # the store is remote (Redis; `store` is None then): its reads and writes are actions
+    # the adapter awaits (LoadStored, SaveStored), never calls made from here
+    remote_store: bool = False
 
     def __post_init__(self) -> None:
         self._ids = itertools.count(1)
@@ -191,8 +202,8 @@ class Session:
             run.move(RunState.STREAMING)
         out: list[Action] = [Send(run.lane_frame(f)) for f in frames]
         if run.stream.outcome is not None:
-            out += self._finish_stream(run)
-        elif run.steers and at_boundary(run):
+            return self._finish_stream(run, out)
+        if run.steers and at_boundary(run):
             out += self._interrupt(run)
         return out
 
@@ -232,7 +243,7 @@ class Session:
             return self._fail(run, err)
         out: list[Action] = [Send(run.lane_frame(f)) for f in frames]
         if run.stream.outcome is not None:
-            out += self._finish_stream(run)
+            return self._finish_stream(run, out)
         return out
 
     def client_stalled(self, run_id: int, timeout: float) -> list[Action]:
@@ -444,11 +455,39 @@ class Session:
             run.pinned = None
         if req.previous_response_id:
             run.parent = self._lookup(req.previous_response_id)
+            if run.parent is None and self.remote_store:
+                # read it from the remote store; the run holds its lane and slot meanwhile
+                run.move(RunState.LOADING)
+                self._busy_lanes.add(req.lane)
+                return [LoadStored(run.id, req.previous_response_id, self.owner)]
             if run.parent is None:
                 err = previous_response_not_found(req.previous_response_id)
                 return [Send(self._error_frame(err, req.lane)), *self._end(run, Outcome.REJECTED)]
+        return self._begin(run)
+
+    def stored_loaded(
+        self, run_id: int, stored: StoredResponse | None, *, unavailable: bool = False
+    ) -> list[Action]:
+        """The answer to a `LoadStored`: the stored parent, or None when it is not stored
+        for this credential or (`unavailable`) the store could not answer in time; both
+        end the run with the documented `previous_response_not_found`."""
+        run = self._runs.get(run_id)
+        if run is None or run.state is not RunState.LOADING:
+            return []  # cancelled, or the client left, while the store was read
+        rid = run.req.previous_response_id
+        assert rid is not None
+        if stored is None:
+            err = stored_response_unavailable(rid) if unavailable else None
+            err = err or previous_response_not_found(rid)
+            return [Send(self._error_frame(err, run.req.lane)), *self._end(run, Outcome.REJECTED)]
+        run.parent = stored.entry
+        return self._begin(run)
+
+    def _begin(self, run: Run) -> list[Action]:
+        """A run whose parent (if it names one) is found: check, then start it."""
+        if run.parent is not None:
             self.steering.apply_waiting(run)
-            req = run.req
+        req = run.req
         refused = self._check_input(run)
         if refused is not None:  # a failed continuation: the parent goes (PROTOCOL 4.2)
             self._evict_parent(run)
@@ -536,8 +575,8 @@ class Session:
         ]
         rid = stream.response_id
         assert rid is not None and stream.response is not None
-        self._remember(run, rid, [wire.dumps_kept(item)], stream.response)
-        return out + self._end(run, Outcome.COMPLETED, rid, usage)
+        writes = self._remember(run, rid, [wire.dumps_kept(item)], stream.response)
+        return [*writes, *out, *self._end(run, Outcome.COMPLETED, rid, usage)]
 
     def summary_done(self, run_id: int, result: SummaryResult) -> list[Action]:
         """The summarising request of a compaction finished: generate from the compacted
@@ -609,7 +648,8 @@ class Session:
     def _taken(self, run: Run, rid: str) -> bool:
         """`rid` already names another response of this connection (cached, stored or in
         flight): an upstream that reuses ids must not make one conversation overwrite
-        another, so that response fails instead (README "Errors")."""
+        another, so that response fails instead (README "Errors"). A remote store is not
+        asked here (no call from the core): it refuses to overwrite an id it holds."""
         if rid in self.cache or any(
             r.response_id == rid for r in self._runs.values() if r is not run
         ):
@@ -689,8 +729,8 @@ class Session:
         created = lifecycle_event("response.created", resp, 0)
         done_resp = {**resp, "status": "completed", "usage": zero_usage(), "completed_at": now}
         completed = lifecycle_event("response.completed", done_resp, 1)
-        self._remember(run, rid, [], done_resp)
         return [
+            *self._remember(run, rid, [], done_resp),
             Send(self._event_frame(created, req.lane)),
             Send(self._event_frame(completed, req.lane)),
             *self._end(run, Outcome.WARMUP, rid, zero_usage()),
@@ -698,7 +738,9 @@ class Session:
 
     # ------------------------------------------------------------ endings
 
-    def _finish_stream(self, run: Run) -> list[Action]:
+    def _finish_stream(self, run: Run, frames: list[Action]) -> list[Action]:
+        """The run's terminal event arrived (its frames are `frames`): cache and store the
+        response, then send them (a remote store's write goes first: docs/store.md)."""
         stream = run.stream
         assert stream is not None and stream.outcome is not None
         rid = stream.response_id
@@ -706,7 +748,7 @@ class Session:
         out: list[Action] = []
         if stream.outcome in ("completed", "incomplete") and rid:
             output = [wire.dumps_kept(item) for item in stream.output]
-            self._remember(run, rid, output, stream.response or {})
+            frames = [*self._remember(run, rid, output, stream.response or {}), *frames]
             if run.steers:  # it ended before a boundary came (PROTOCOL 2.2 steps 2 and 4)
                 sends, successor = self.steering.after_end(run, rid, self._queue)
                 out += sends
@@ -715,7 +757,8 @@ class Session:
         else:
             self._evict_parent(run)
         outcome = Outcome(stream.outcome)
-        return out + self._end(run, outcome, rid, usage if isinstance(usage, dict) else None)
+        end = self._end(run, outcome, rid, usage if isinstance(usage, dict) else None)
+        return [*frames, *out, *end]
 
     def _fail(self, run: Run, err: ProxyError, *, announce: bool = True) -> list[Action]:
         """A failure of the upstream (or of the client's reading): tell the client in the
@@ -750,9 +793,10 @@ class Session:
         rid, items = stream.response_id, stream.finished_items()
         resp = steered_response(stream.response, items)
         ev = lifecycle_event("response.incomplete", resp, run.next_seq())
-        self._remember(run, rid, [wire.dumps(i) for i in items], resp)
+        writes = self._remember(run, rid, [wire.dumps(i) for i in items], resp)
         steers, run.steers = run.steers, []
         return [
+            *writes,
             Send(self._event_frame(ev, run.req.lane)),
             CancelUpstream(run.id),
             *self._spawn(self.steering.successor(run, rid, steers)),
@@ -797,7 +841,11 @@ class Session:
         )
         return [Send(self._error_frame(err, None)), Close(1001, "connection lifetime reached")]
 
-    def _remember(self, run: Run, rid: str, output: list[bytes], response: dict[str, Any]) -> None:
+    def _remember(
+        self, run: Run, rid: str, output: list[bytes], response: dict[str, Any]
+    ) -> list[Action]:
+        """Cache the finished response, and store it when it asks to be: in place for an
+        in-process store, else the `SaveStored` to execute before its terminal event."""
         # after a compaction the conversation continues from the compaction item, which
         # stands for everything before it: the parent's segments are no longer needed
         compacted = run.context is not None and run.context.compaction is not None
@@ -824,9 +872,18 @@ class Session:
         for queued in self._queue:  # a create that waited for this response: pin it too
             if queued.pinned is None and queued.req.previous_response_id == rid:
                 queued.pinned = rid if self.cache.pin(rid) else None
-        if run.req.store and self.store is not None:
-            inputs = entry.item_count - len(output)
-            self.store.put(StoredResponse(entry, wire.dumps(response), inputs), self.owner)
+        if not run.req.store or (self.store is None and not self.remote_store):
+            return []
+        stored = StoredResponse(entry, wire.dumps(response), entry.item_count - len(output))
+        if self.store is not None:
+            self.store.put(stored, self.owner)
+            return []
+        # a remote store keeps this turn's own segment, pointing at its parent's entry: only
+        # if the parent was stored and the history was not compacted (docs/store.md)
+        if not compacted and run.parent is not None and run.parent.settings.get("store"):
+            calls = index_calls(NO_CALLS, added.items if expanded is None else expanded)
+            stored = replace(stored, parent=run.parent.id, added_calls=tuple(calls))
+        return [SaveStored(run.id, stored, self.owner)]
 
     def _evict_parent(self, run: Run) -> None:
         """PROTOCOL 4.2: a failed same-lane continuation evicts its parent; a fork keeps it."""

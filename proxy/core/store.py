@@ -12,8 +12,11 @@ same shared-segment accounting as the connection cache) and entries expire after
 A put and an expiry cost O(1) amortised at any size: the cache tells the store each key it
 lets go (`on_evict`), so nothing is ever scanned.
 
-`ResponseStore` is the interface a shared backend (Redis, a database) can implement later;
-`MemoryStore` is the in-process one.
+`ResponseStore` is the interface of an in-process store, which the session calls directly;
+`MemoryStore` is the one there is. A store in another process (Redis: proxy/ops/shared_store.py,
+docs/store.md) cannot be called from the sans-I/O core: the session then asks for it with
+actions (`LoadStored`, `SaveStored`, proxy/core/actions.py) that the fronts execute through
+the `AsyncStore` interface below, and hands the answer back (`Session.stored_loaded`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,34 @@ class StoredResponse:
     entry: CachedResponse  # the whole conversation, for continuations
     response: bytes  # the final response object, for GET /v1/responses/{id}
     input_count: int  # how many of entry's items were this response's input
+    # for a store that keeps each response's own segment only (Redis): the id of the stored
+    # response `entry` continues (None: `entry` starts its stored chain, as a root, after a
+    # compaction or after a parent that was not stored), and the call ids its last segment
+    # adds to the call index (core/conversation.py)
+    parent: str | None = None
+    added_calls: tuple[str, ...] = ()
+
+
+class StoreUnavailable(Exception):
+    """A remote store did not answer in time, or answered with an error."""
+
+
+class AsyncStore(Protocol):
+    """The store as the fronts use it: in-process or remote, the same calls.
+
+    `load` returns None for an id that is not stored for `owner` and raises
+    `StoreUnavailable` when the store cannot answer; `save` never raises (a write that
+    fails is dropped and counted); `delete` raises `StoreUnavailable` too."""
+
+    backend: str  # "memory" or "redis"
+
+    async def load(self, rid: str, owner: str) -> StoredResponse | None: ...
+
+    async def save(self, stored: StoredResponse, owner: str) -> None: ...
+
+    async def delete(self, rid: str, owner: str) -> bool: ...
+
+    async def reachable(self) -> bool: ...
 
 
 class ResponseStore(Protocol):

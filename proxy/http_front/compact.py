@@ -21,9 +21,14 @@ from ..core import wire
 from ..core.context.compaction import parse_compact
 from ..core.context.manager import compaction_failed
 from ..core.conversation import CachedResponse
-from ..core.errors import ProxyError, UpstreamError, previous_response_not_found
+from ..core.errors import (
+    ProxyError,
+    UpstreamError,
+    previous_response_not_found,
+    stored_response_unavailable,
+)
 from ..core.ids import new_id
-from ..core.store import owner_of
+from ..core.store import StoreUnavailable, owner_of
 from ..runtime import APP_STATE
 from ..upstream.runner import compaction_log as log
 from . import passthrough
@@ -40,9 +45,13 @@ async def compact_response(request: web.Request) -> web.StreamResponse:
         req = parse_compact(await json_object(request))
         parent: CachedResponse | None = None
         if req.previous_response_id is not None:
-            stored = state.store.get(req.previous_response_id, owner) if state.store else None
+            rid = req.previous_response_id
+            try:
+                stored = await state.responses.load(rid, owner) if state.responses else None
+            except StoreUnavailable:
+                raise stored_response_unavailable(rid) from None
             if stored is None:
-                raise previous_response_not_found(req.previous_response_id)
+                raise previous_response_not_found(rid)
             parent = stored.entry
         prep = context.plan_compact(parent, req, owner)
         if prep.cut is not None:

@@ -1,5 +1,7 @@
 """`GET`/`DELETE /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`, served from
-the response store and scoped to the caller's credential."""
+the response store (in-process or Redis: proxy/ops/shared_store.py) and scoped to the
+caller's credential. When the shared store cannot answer in time they answer 503
+`store_unavailable` (the response may exist: a 404 would say it does not)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,8 @@ from aiohttp import web
 
 from ..core import wire
 from ..core.api_objects import listed_item
-from ..core.errors import ClientError
-from ..core.store import StoredResponse, owner_of
+from ..core.errors import ClientError, ProxyError
+from ..core.store import StoredResponse, StoreUnavailable, owner_of
 from ..runtime import APP_STATE
 from . import passthrough
 from .responses import error_response
@@ -22,11 +24,23 @@ def _not_found(rid: str) -> web.Response:
     )
 
 
-def _stored(request: web.Request) -> StoredResponse | None:
-    store = request.app[APP_STATE].store
+def _unavailable() -> web.Response:
+    return error_response(
+        ProxyError(
+            "The response store is unavailable right now; retry later.",
+            code="store_unavailable",
+            status=503,
+            type="server_error",
+        )
+    )
+
+
+async def _stored(request: web.Request) -> StoredResponse | None:
+    """The stored response the route names; raises StoreUnavailable."""
+    store = request.app[APP_STATE].responses
     if store is None:
         return None
-    return store.get(request.match_info["response_id"], _owner(request))
+    return await store.load(request.match_info["response_id"], _owner(request))
 
 
 def _owner(request: web.Request) -> str:
@@ -41,16 +55,23 @@ async def _missing(request: web.Request) -> web.StreamResponse:
 
 
 async def get_response(request: web.Request) -> web.StreamResponse:
-    stored = _stored(request)
+    try:
+        stored = await _stored(request)
+    except StoreUnavailable:
+        return _unavailable()
     if stored is None:
         return await _missing(request)
     return web.Response(body=stored.response, content_type="application/json")
 
 
 async def delete_response(request: web.Request) -> web.StreamResponse:
-    store = request.app[APP_STATE].store
+    store = request.app[APP_STATE].responses
     rid = request.match_info["response_id"]
-    if store is None or not store.delete(rid, _owner(request)):
+    try:
+        deleted = store is not None and await store.delete(rid, _owner(request))
+    except StoreUnavailable:
+        return _unavailable()
+    if not deleted:
         return await _missing(request)
     return web.json_response({"id": rid, "object": "response", "deleted": True})
 
@@ -60,7 +81,10 @@ async def input_items(request: web.Request) -> web.StreamResponse:
     API's item shape (`ResponseItemList`), paginated like the API: `order` (default desc),
     `limit` (1-100, default 20), `after`."""
     rid = request.match_info["response_id"]
-    stored = _stored(request)
+    try:
+        stored = await _stored(request)
+    except StoreUnavailable:
+        return _unavailable()
     if stored is None:
         return await _missing(request)
     q = request.query

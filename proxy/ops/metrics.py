@@ -169,6 +169,28 @@ class Metrics:
             "Bugs: exceptions that escaped a handler or a connection.",
             registry=r,
         )
+        # the shared store (store.backend = "redis", proxy/ops/shared_store.py)
+        self.store_requests = Counter(
+            "wsmode_store_requests",
+            "Round trips to the shared store, by operation (read, write, delete, ping) and "
+            "result (ok, error, timeout).",
+            ["op", "result"],
+            registry=r,
+        )
+        self.store_latency = Histogram(
+            "wsmode_store_request_seconds",
+            "Time of the shared store's round trips that answered, by operation.",
+            ["op"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.store_writes_dropped = Counter(
+            "wsmode_store_writes_dropped",
+            "Responses not written to the shared store, by reason (unavailable: it failed or "
+            "timed out; exists: the id is stored already and is never overwritten).",
+            ["reason"],
+            registry=r,
+        )
         self.cache_totals = CacheTotals()
         self._gauges: list[Callable[[], Iterable[Metric]]] = []
         r.register(_StateCollector(self._collect_state))

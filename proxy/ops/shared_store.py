@@ -1,0 +1,298 @@
+"""The response store as the fronts use it (`AsyncStore`, proxy/core/store.py): in-process
+(`LocalStore`, over the core's `MemoryStore`) or shared by every replica and worker on Redis
+(`RedisStore`). docs/store.md is the user's account of the Redis one; this is how it works.
+
+One Redis hash per stored response, `wsmode:{OWNER}:RESPONSE_ID` (OWNER: the credential's
+hash, core/store.py `owner_of`; another credential's key is another key, so it finds
+nothing). Its fields:
+
+    p  the id of the stored response it continues, "" when it starts its stored chain
+    s  its own segment: the items it added (new input, then output), their JSON bytes
+       concatenated; `m.lens` cuts them apart again, byte for byte
+    m  JSON: lens, lane, settings, calls (the call ids the segment adds), opaque,
+       unmoderated, replica, chain, inputs (how many of the chain's items were its input)
+    r  the final response object (GET /v1/responses/{id})
+    d  "1" once deleted: gone for GET and continuations, kept as a link for descendants
+
+So what a response costs grows with its own new items, never with the history. A response
+whose parent was not stored (store: false, a write that was dropped) or whose history was
+compacted starts a chain of its own: `s` then holds the whole conversation it continues.
+
+Two Lua scripts do the work server-side, one round trip each (redis-py `register_script`:
+EVALSHA, and once per server the script's load): `_READ` walks the parent pointers from a
+response to its chain's start and returns every segment; `_WRITE` adds a response only if
+its key is free (an upstream that reuses an id never overwrites another chain's entry) and
+its parent is still there. Both set the TTL of every key of the chain they touch to the
+full `store.ttl_seconds`: a read or write of a response renews all its ancestors too, so an
+ancestor never expires before its descendants, and a chain continued for days (on one
+connection, written turn by turn) stays readable as long as its newest response.
+
+Every call is bounded by `store.redis_timeout`. A write that fails is dropped and counted
+(`wsmode_store_writes_dropped_total{reason}`); a read that fails raises `StoreUnavailable`
+and the session answers the documented not-found saying the store is unavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from immutables import Map
+
+from ..core import wire
+from ..core.conversation import CachedResponse, Segment
+from ..core.store import AsyncStore, ResponseStore, StoredResponse, StoreUnavailable
+from .metrics import Metrics
+
+log = logging.getLogger("wsmode.store")
+
+T = TypeVar("T")
+MAX_CHAIN = 1_000_000  # links a read or write walks at most (a chain is never this long)
+
+_READ = """
+-- KEYS[1]: the response; ARGV: the owner's key prefix, the TTL in ms, the longest walk.
+-- Returns {} when it is not stored (or deleted, or its chain is broken), else
+-- {response object, segment, meta, parent's segment, parent's meta, ...} up to the start.
+local key, prefix, ttl = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local first = redis.call('HMGET', key, 'r', 'd')
+if not first[1] or first[2] then return {} end
+local out = {first[1]}
+for _ = 1, tonumber(ARGV[3]) do
+  local link = redis.call('HMGET', key, 's', 'm', 'p')
+  if not link[2] then return {} end
+  redis.call('PEXPIRE', key, ttl)
+  out[#out + 1] = link[1]
+  out[#out + 1] = link[2]
+  if not link[3] or link[3] == '' then return out end
+  key = prefix .. link[3]
+end
+return {}
+"""
+
+_WRITE = """
+-- KEYS[1]: the new response; ARGV: prefix, TTL in ms, longest walk, parent id ('' none),
+-- segment, meta, response object. Returns 'ok', 'exists' or 'no_parent'.
+local key, prefix, ttl, parent = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[4]
+if redis.call('EXISTS', key) == 1 then return 'exists' end
+if parent ~= '' and redis.call('EXISTS', prefix .. parent) == 0 then return 'no_parent' end
+redis.call('HSET', key, 'p', parent, 's', ARGV[5], 'm', ARGV[6], 'r', ARGV[7])
+redis.call('PEXPIRE', key, ttl)
+local at = parent
+for _ = 1, tonumber(ARGV[3]) do
+  if at == '' then break end
+  local k = prefix .. at
+  redis.call('PEXPIRE', k, ttl)
+  at = redis.call('HGET', k, 'p') or ''
+end
+return 'ok'
+"""
+
+_DELETE = """
+-- KEYS[1]: the response. Returns 1 if it was stored and is now deleted, else 0.
+if redis.call('HEXISTS', KEYS[1], 'r') == 0 then return 0 end
+redis.call('HDEL', KEYS[1], 'r')
+redis.call('HSET', KEYS[1], 'd', '1')
+return 1
+"""
+
+
+# ---------------------------------------------------------------- the record, both ways
+
+
+def encode(stored: StoredResponse) -> tuple[str, bytes, bytes]:
+    """(parent id, segment, meta) of the record `stored` is written as: its last segment
+    after a stored parent, else the whole conversation it holds."""
+    entry = stored.entry
+    if stored.parent is not None:
+        items: Sequence[bytes] = entry.segments[-1].items if entry.segments else ()
+        calls: Sequence[str] = stored.added_calls
+    else:
+        items = list(entry.items())
+        calls = list(entry.calls.keys())
+    meta = {
+        "lens": [len(i) for i in items],
+        "lane": entry.lane,
+        "settings": dict(entry.settings),
+        "calls": list(calls),
+        "opaque": entry.opaque,
+        "unmoderated": list(entry.unmoderated),
+        "replica": entry.replica,
+        "chain": entry.chain,
+        "inputs": stored.input_count,
+    }
+    return stored.parent or "", b"".join(items), wire.dumps(meta)
+
+
+def decode(rid: str, reply: Sequence[bytes]) -> StoredResponse | None:
+    """The stored response `_READ` returned (`reply`: the response object, then segment and
+    meta from the response itself back to its chain's start); None for an empty reply."""
+    if not reply:
+        return None
+    links = [(reply[i], wire.loads(reply[i + 1])) for i in range(1, len(reply) - 1, 2)]
+    segments: list[Segment] = []
+    calls = Map[str, bool]().mutate()
+    for raw, meta in reversed(links):  # oldest first
+        items, at = [], 0
+        for n in meta["lens"]:
+            items.append(raw[at : at + n])
+            at += n
+        segments.append(Segment(tuple(items)))
+        for call in meta["calls"]:
+            calls[call] = True
+    own = links[0][1]
+    entry = CachedResponse(
+        rid,
+        own["lane"],
+        tuple(segments),
+        own["settings"],
+        calls.finish(),
+        own["opaque"],
+        tuple(own["unmoderated"]),
+        own.get("replica"),
+        own.get("chain"),
+    )
+    return StoredResponse(entry, bytes(reply[0]), own["inputs"])
+
+
+# ---------------------------------------------------------------- the two backends
+
+
+class LocalStore:
+    """The in-process store behind the `AsyncStore` calls (the session itself calls the
+    `MemoryStore` directly; the HTTP routes come through here)."""
+
+    backend = "memory"
+
+    def __init__(self, store: ResponseStore) -> None:
+        self.store = store
+
+    async def load(self, rid: str, owner: str) -> StoredResponse | None:
+        return self.store.get(rid, owner)
+
+    async def save(self, stored: StoredResponse, owner: str) -> None:
+        self.store.put(stored, owner)
+
+    async def delete(self, rid: str, owner: str) -> bool:
+        return self.store.delete(rid, owner)
+
+    async def reachable(self) -> bool:
+        return True
+
+
+class RedisStore:
+    """Stored responses in Redis, shared by every replica and worker (the module's doc).
+    One client per process: made when the app starts (`start`), after any fork."""
+
+    backend = "redis"
+
+    def __init__(self, url: str, timeout: float, ttl_seconds: float, metrics: Metrics) -> None:
+        self.url = url
+        self.timeout = timeout
+        self.ttl_ms = max(1, int(ttl_seconds * 1000))
+        self.metrics = metrics
+        self._client: Any = None
+        # what a failed round trip raises (redis-py's errors, known once it is imported)
+        self._failures: tuple[type[BaseException], ...] = (TimeoutError, OSError)
+        self._timeouts: tuple[type[BaseException], ...] = (TimeoutError,)
+        self._read: Any = None
+        self._write: Any = None
+        self._delete: Any = None
+
+    async def start(self) -> None:
+        # the optional extra, imported only here: config.py checked that it is installed
+        import redis
+        import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        self._failures = (TimeoutError, OSError, redis.RedisError)
+        self._timeouts = (TimeoutError, redis.TimeoutError)
+        self._client = aioredis.from_url(
+            self.url,
+            socket_timeout=self.timeout,
+            socket_connect_timeout=self.timeout,
+            retry=Retry(NoBackoff(), 0),  # a turn waits once, never through retries
+        )
+        self._read = self._client.register_script(_READ)
+        self._write = self._client.register_script(_WRITE)
+        self._delete = self._client.register_script(_DELETE)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+    @staticmethod
+    def prefix(owner: str) -> str:
+        # the owner in braces: a Redis Cluster hash tag, so one owner's chain is in one slot
+        return f"wsmode:{{{owner}}}:"
+
+    async def _call(self, op: str, call: Callable[[], Awaitable[T]]) -> T:
+        """One round trip, bounded by `redis_timeout`, timed and counted; raises
+        StoreUnavailable for any failure."""
+        start = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeout):
+                result = await call()
+        except self._failures as exc:
+            kind = "timeout" if isinstance(exc, self._timeouts) else "error"
+            self.metrics.store_requests.labels(op, kind).inc()
+            log.warning("store %s failed (%s): %s", op, kind, str(exc) or type(exc).__name__)
+            raise StoreUnavailable(f"{kind}: {exc}") from None
+        self.metrics.store_requests.labels(op, "ok").inc()
+        self.metrics.store_latency.labels(op).observe(time.perf_counter() - start)
+        return result
+
+    async def load(self, rid: str, owner: str) -> StoredResponse | None:
+        prefix = self.prefix(owner)
+        args = (prefix, self.ttl_ms, MAX_CHAIN)
+        reply = await self._call("read", lambda: self._read(keys=[prefix + rid], args=args))
+        try:
+            return decode(rid, reply)
+        except (ValueError, KeyError, TypeError, IndexError) as exc:  # not a record of ours
+            self.metrics.store_requests.labels("read", "error").inc()
+            log.error("store: the record of %s cannot be read: %r", rid, exc)
+            raise StoreUnavailable(f"unreadable record: {exc!r}") from None
+
+    async def save(self, stored: StoredResponse, owner: str) -> None:
+        prefix = self.prefix(owner)
+        key = prefix + stored.entry.id
+        try:
+            result = await self._put(key, prefix, stored)
+            if result == b"no_parent":  # the parent went (its write was dropped): all of it
+                result = await self._put(key, prefix, replace(stored, parent=None))
+        except StoreUnavailable:
+            self.metrics.store_writes_dropped.labels("unavailable").inc()
+            return
+        if result == b"exists":
+            self.metrics.store_writes_dropped.labels("exists").inc()
+            log.warning("store: response id %s is stored already; not overwritten", key)
+
+    async def _put(self, key: str, prefix: str, stored: StoredResponse) -> bytes:
+        parent, segment, meta = encode(stored)
+        args = (prefix, self.ttl_ms, MAX_CHAIN, parent, segment, meta, stored.response)
+        result: bytes = await self._call("write", lambda: self._write(keys=[key], args=args))
+        return result
+
+    async def delete(self, rid: str, owner: str) -> bool:
+        key = self.prefix(owner) + rid
+        done = await self._call("delete", lambda: self._delete(keys=[key]))
+        return bool(done)
+
+    async def reachable(self) -> bool:
+        try:
+            await self._call("ping", lambda: self._client.ping())
+        except StoreUnavailable:
+            return False
+        return True
+
+
+async def store_status(store: AsyncStore | None) -> dict[str, Any] | None:
+    """What /healthz (and /readyz) say of the store: `{"backend", "reachable"}`, one PING
+    bounded by `store.redis_timeout` for Redis; None when the store is off."""
+    if store is None:
+        return None
+    return {"backend": store.backend, "reachable": await store.reachable()}
