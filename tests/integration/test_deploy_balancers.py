@@ -18,6 +18,7 @@ import pytest
 from wsmode.core.sse import SSEDecoder
 from wsmode.ops.middleware import OPS
 
+from tests.deploy_files import HAPROXY_CFG, NGINX_CONF
 from tests.helpers import (
     Proxy,
     Sim,
@@ -28,10 +29,6 @@ from tests.helpers import (
     seconds,
     until,
 )
-
-ROOT = Path(__file__).parents[2]
-HAPROXY_CFG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
-NGINX_CONF = ROOT / "deploy" / "nginx" / "wsmode.conf"
 
 Replicas = list[Proxy]
 
