@@ -58,8 +58,8 @@ def probe_port(container: dict[str, Any], probe: str) -> int:
 # ---------------------------------------------------------------- the deployed settings
 
 # until the pool/store merge: config keys other branches add in parallel (upstream pool,
-# Redis store). Once they are in the tree, delete this set, `_without_pending` and the
-# fallback in `deployed_toml`: every test then loads the ConfigMap's TOML as it is.
+# Redis store). Once they are in the tree, delete this set, `_without` and the loop
+# in `deployed_toml`: every test then loads the ConfigMap's TOML as it is.
 PENDING_KEYS = frozenset(
     {
         *("upstream.urls", "upstream.affinity"),
@@ -104,28 +104,32 @@ def pending_key(exc: ConfigError) -> str | None:
     return match[1] if match and match[1] in PENDING_KEYS else None
 
 
-def _without_pending(toml_text: str) -> str:
-    """The TOML minus the pending keys (flat tables of strings, numbers and lists: what JSON
-    writes is TOML for those)."""
+def _without(toml_text: str, keys: set[str]) -> str:
+    """The TOML minus `keys` (flat tables of strings, numbers and lists: what JSON writes is
+    TOML for those)."""
     lines: list[str] = []
     for section, table in tomllib.loads(toml_text).items():
         lines.append(f"[{section}]")
         for key, value in table.items():
-            if f"{section}.{key}" not in PENDING_KEYS:
+            if f"{section}.{key}" not in keys:
                 lines.append(f"{key} = {json.dumps(value)}")
     return "\n".join(lines) + "\n"
 
 
 def deployed_toml(tmp_path: Path) -> str:
-    """The ConfigMap's TOML as this tree's loader takes it: all of it, or without the
-    pending keys until the pool/store merge."""
-    try:
-        load(configmap_toml(), tmp_path)
-    except ConfigError as exc:
-        if pending_key(exc) is None:
-            raise
-        return _without_pending(configmap_toml())  # until the pool/store merge
-    return configmap_toml()
+    """The ConfigMap's TOML as this tree's loader takes it: all of it, or without those of
+    the pending keys it does not know yet (until the pool/store merge)."""
+    text, unknown = configmap_toml(), set[str]()
+    while True:
+        try:
+            load(text, tmp_path)
+            return text
+        except ConfigError as exc:
+            key = pending_key(exc)
+            if key is None or key in unknown:
+                raise
+            unknown.add(key)
+            text = _without(configmap_toml(), unknown)  # until the pool/store merge
 
 
 def deployed_settings(tmp_path: Path) -> Settings:

@@ -265,6 +265,13 @@ def test_haproxy_checks_readiness_and_balances_by_open_sockets(tmp_path: Path) -
     assert int(defaults[defaults.index("maxconn") + 1]) <= settings.server.max_connections
     servers = [w for w in backend if w[0] == "server"]
     assert len(servers) >= 2
+    # the front takes as many connections as the replicas together
+    ((_, front),) = [w for w in haproxy_sections()["global"] if w[0] == "maxconn"]
+    assert int(front) >= len(servers) * int(defaults[defaults.index("maxconn") + 1])
+    # a draining replica's 503 is retried on another, but never a POST's
+    ((_, *retry_on),) = [w for w in backend if w[0] == "retry-on"]
+    assert "503" in retry_on and "conn-failure" in retry_on
+    assert ["http-request", "disable-l7-retry", "if", "METH_POST"] in backend
     # nothing that would hold a streamed answer back, nor cut a draining replica's sockets
     text = HAPROXY_CFG.read_text()
     lines = [line.split("#", 1)[0] for line in text.splitlines()]
