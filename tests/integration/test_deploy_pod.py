@@ -2,12 +2,14 @@
 image's and the container's environment, the Secret's values. Changed only where a test
 must: a loopback address and a free port, simulated model servers for the two in the file,
 the proxy keys' digest file in a temporary folder, and the in-memory store (the Redis store
-has its own tests)."""
+has its own tests). And the example Redis's arguments, on a real redis-server."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import shutil
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,8 +20,16 @@ import pytest
 from openai import AuthenticationError
 from wsmode.config import StoreSettings, UpstreamSettings
 
-from tests.deploy_files import deployed_toml, pod_env, wsmode_container
-from tests.helpers import Sim, free_port, running, sdk_terminal, wait_healthy
+from tests.deploy_files import deployed_toml, pod_env, resource, wsmode_container
+from tests.helpers import (
+    Sim,
+    free_port,
+    running,
+    sdk_terminal,
+    seconds,
+    until_sync,
+    wait_healthy,
+)
 
 KEY = "sk-deploy-pod-key-0123456789"
 
@@ -93,3 +103,33 @@ async def test_the_readiness_probe_needs_no_key(
                 pytest.skip(f"{path} is not in this tree yet (until the pool merge)")
         async with http.get(f"{base}{path}") as r:
             assert r.status == 200, f"{path} without a key: {r.status} {await r.text()}"
+
+
+@pytest.mark.skipif(not shutil.which("redis-server"), reason="redis-server is not installed")
+def test_the_example_redis_keeps_nothing_on_disk(tmp_path: Path) -> None:
+    """A real redis-server with the example's arguments (on a Unix socket, no TCP port):
+    it takes them, and saves neither snapshots nor an append-only file."""
+    redis = resource("Deployment", "wsmode-redis")["spec"]["template"]["spec"]
+    (container,) = redis["containers"]
+    sock = tmp_path / "redis.sock"
+    args = ["redis-server", *container["args"], "--port", "0", "--unixsocket", str(sock)]
+    with subprocess.Popen([*args, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL) as proc:
+        try:
+
+            def config(name: str) -> list[str]:
+                done = subprocess.run(
+                    ["redis-cli", "-s", str(sock), "CONFIG", "GET", name],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                return done.stdout.splitlines() if done.returncode == 0 else []
+
+            until_sync(lambda: config("save"), message="redis-server never answered")
+            assert config("save") == ["save", ""]
+            assert config("appendonly") == ["appendonly", "no"]
+            assert config("maxmemory-policy") == ["maxmemory-policy", "volatile-lru"]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=seconds(10))
+    assert not list(tmp_path.glob("*.rdb")) and not list(tmp_path.glob("appendonly*"))
