@@ -20,6 +20,7 @@ ROOT = Path(__file__).parents[1]
 K8S = ROOT / "deploy" / "kubernetes"
 HAPROXY_CFG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
 NGINX_CONF = ROOT / "deploy" / "nginx" / "wsmode.conf"
+CADDYFILE = ROOT / "deploy" / "caddy" / "Caddyfile"
 
 # ---------------------------------------------------------------- reading the manifests
 

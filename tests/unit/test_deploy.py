@@ -1,9 +1,11 @@
-"""deploy/: the Kubernetes manifests and the HAProxy and nginx configs, checked against the
-wsmode configuration they deploy (the ConfigMap's TOML, read by wsmode's own loader, with the
-image's and the pod's environment on top, as `wsmode serve` reads them in the pod)."""
+"""deploy/: the Kubernetes manifests and the HAProxy, nginx and Caddy configs, checked
+against the wsmode configuration they deploy (the ConfigMap's TOML, read by wsmode's own
+loader, with the image's and the pod's environment on top, as `wsmode serve` reads them in
+the pod)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -18,6 +20,7 @@ import yaml
 from wsmode.config import ENV_ALIASES, ConfigError
 
 from tests.deploy_files import (
+    CADDYFILE,
     HAPROXY_CFG,
     K8S,
     NGINX_CONF,
@@ -362,3 +365,31 @@ def test_nginx_upgrades_websockets_and_streams_unbuffered(tmp_path: Path) -> Non
     (group,) = [d["block"] for d in http if d["directive"] == "upstream" and d["args"] == [name]]
     assert len(directives(group, "server")) >= 2
     assert directives(group, "least_conn") == [[]]
+
+
+# ---------------------------------------------------------------- Caddy (optional)
+
+
+@pytest.mark.skipif(shutil.which("caddy") is None, reason="caddy is not installed")
+def test_caddy_proxies_with_readiness_checks_and_no_buffering() -> None:
+    """`caddy adapt` only turns the Caddyfile into Caddy's JSON; it starts nothing (`caddy
+    validate` would start the health checks, towards the example addresses)."""
+    done = subprocess.run(
+        ["caddy", "adapt", "--config", str(CADDYFILE), "--adapter", "caddyfile"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    (server,) = json.loads(done.stdout)["apps"]["http"]["servers"].values()
+    handlers = [h for route in server["routes"] for h in route["handle"]]
+    (proxy,) = [h for h in handlers if h["handler"] == "reverse_proxy"]
+    assert proxy["health_checks"]["active"]["uri"] == "/readyz"
+    assert proxy["health_checks"]["active"]["expect_status"] == 200
+    assert proxy["flush_interval"] == -1  # events go out as they come
+    assert proxy["load_balancing"]["selection_policy"]["policy"] == "least_conn"
+    assert len(proxy["upstreams"]) >= 2
+    # no read timeout on the stream: a socket lives as long as wsmode keeps it
+    assert "read_timeout" not in proxy["transport"]
+    (metrics,) = [r for r in server["routes"] if r.get("match") == [{"path": ["/metrics"]}]]
+    assert metrics["handle"] == [{"handler": "static_response", "status_code": 404}]
