@@ -128,7 +128,7 @@ def test_the_example_redis_keeps_nothing_on_disk(tmp_path: Path) -> None:
             until_sync(lambda: config("save"), message="redis-server never answered")
             assert config("save") == ["save", ""]
             assert config("appendonly") == ["appendonly", "no"]
-            assert config("maxmemory-policy") == ["maxmemory-policy", "volatile-lru"]
+            assert config("maxmemory-policy") == ["maxmemory-policy", "volatile-ttl"]
         finally:
             proc.terminate()
             proc.wait(timeout=seconds(10))
