@@ -1,0 +1,227 @@
+"""The reference HAProxy and nginx configs of deploy/, run for real in front of two wsmode
+replicas on 127.0.0.1: only their listen and server addresses are changed. WebSocket mode
+(the openai SDK), streamed HTTP, and a replica that drains, through each balancer."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from wsmode.core.sse import SSEDecoder
+from wsmode.ops.middleware import OPS
+
+from tests.deploy_files import HAPROXY_CFG, NGINX_CONF
+from tests.helpers import (
+    Proxy,
+    Sim,
+    free_port,
+    sample,
+    scrape,
+    sdk_terminal,
+    seconds,
+    until,
+)
+
+Replicas = list[Proxy]
+
+
+@pytest.fixture
+async def replicas(sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]]) -> Replicas:
+    return [await proxy_factory(sim.url) for _ in range(2)]
+
+
+async def readiness_path(replica: Proxy) -> str:
+    """/readyz, which the configs check; /healthz where this tree has no /readyz yet (until
+    the pool merge: then drop this and check /readyz alone)."""
+    async with aiohttp.ClientSession() as http, http.get(f"{replica.served.base}/readyz") as r:
+        return "/healthz" if r.status == 404 else "/readyz"
+
+
+def with_local_addresses(text: str, listen: str, servers: list[str], port: int) -> str:
+    """The config with its listen address and its server addresses on 127.0.0.1: the first
+    `server` lines get the replicas' ports, the others are left out."""
+    ports = iter(servers)
+    out: list[str] = []
+    for line in text.splitlines():
+        words = line.split()
+        if words[:1] == ["server"] and re.search(r"\d+\.\d+\.\d+\.\d+:\d+", line):
+            address = next(ports, None)
+            if address is None:
+                continue
+            line = re.sub(r"\d+\.\d+\.\d+\.\d+:\d+", address, line)
+        elif words[:1] == [listen]:
+            line = re.sub(r"\S*\d+(;?)$", rf"127.0.0.1:{port}\1", line)
+        out.append(line)
+    assert next(ports, None) is None, "the config has fewer servers than the test replicas"
+    return "\n".join(out) + "\n"
+
+
+@contextmanager
+def process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            proc.terminate()
+            proc.wait(timeout=seconds(10))
+
+
+async def answering(base: str) -> bool:
+    async with aiohttp.ClientSession() as http, http.get(f"{base}/healthz") as r:
+        return r.status == 200
+
+
+@asynccontextmanager
+async def haproxy(replicas: Replicas, tmp_path: Path) -> AsyncIterator[str]:
+    port = free_port()
+    text = with_local_addresses(
+        HAPROXY_CFG.read_text(), "bind", [f"127.0.0.1:{r.served.port}" for r in replicas], port
+    )
+    path = await readiness_path(replicas[0])
+    text = text.replace("uri /readyz", f"uri {path}")
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(text)
+    with process(["haproxy", "-db", "-f", str(cfg)], tmp_path / "haproxy.log"):
+        base = f"http://127.0.0.1:{port}"
+        await until(lambda: answering(base), ignore=(aiohttp.ClientConnectionError,))
+        yield base
+
+
+@asynccontextmanager
+async def nginx(replicas: Replicas, tmp_path: Path) -> AsyncIterator[str]:
+    port = free_port()
+    conf = tmp_path / "wsmode.conf"
+    conf.write_text(
+        with_local_addresses(
+            NGINX_CONF.read_text(), "listen", [f"127.0.0.1:{r.served.port}" for r in replicas], port
+        )
+    )
+    main = tmp_path / "nginx.conf"
+    main.write_text(
+        "daemon off;\nworker_processes 1;\n"
+        f"pid {tmp_path}/nginx.pid;\n"
+        "events { worker_connections 256; }\n"
+        f"http {{\n    access_log off;\n    include {conf};\n}}\n"
+    )
+    args = ["nginx", "-p", str(tmp_path), "-e", "stderr", "-c", str(main)]
+    with process(args, tmp_path / "nginx.log"):
+        base = f"http://127.0.0.1:{port}"
+        await until(lambda: answering(base), ignore=(aiohttp.ClientConnectionError,))
+        yield base
+
+
+BALANCERS = [
+    pytest.param(
+        haproxy,
+        marks=pytest.mark.skipif(not shutil.which("haproxy"), reason="haproxy is not installed"),
+        id="haproxy",
+    ),
+    pytest.param(
+        nginx,
+        marks=pytest.mark.skipif(not shutil.which("nginx"), reason="nginx is not installed"),
+        id="nginx",
+    ),
+]
+Balancer = Callable[[Replicas, Path], Any]
+
+
+async def conversation(client: Any) -> str:
+    """Two chained turns on one socket: the second response's text."""
+    async with client.responses.connect() as conn:
+        await conn.response.create(model="sim", input="hello", store=False)
+        first = await sdk_terminal(conn)
+        assert first.type == "response.completed", first
+        await conn.response.create(
+            model="sim", input="and then?", previous_response_id=first.response.id, store=False
+        )
+        second = await sdk_terminal(conn)
+    assert second.type == "response.completed", second
+    assert second.response.previous_response_id == first.response.id
+    return str(second.response.output_text)
+
+
+@pytest.mark.parametrize("balancer", BALANCERS)
+async def test_websocket_mode_through_the_balancer(
+    balancer: Balancer,
+    replicas: Replicas,
+    sim: Sim,
+    openai_client: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    async with balancer(replicas, tmp_path) as base:
+        text = await conversation(openai_client(f"{base}/v1", api_key="sk-test"))
+    assert text
+    # the second turn was rebuilt from the connection cache, which is per process: the socket
+    # stayed on one replica
+    assert sim.bodies()[-1]["input"][0]["content"] == "hello"
+
+
+@pytest.mark.parametrize("balancer", BALANCERS)
+async def test_streamed_http_through_the_balancer(
+    balancer: Balancer, replicas: Replicas, tmp_path: Path
+) -> None:
+    async with balancer(replicas, tmp_path) as base, aiohttp.ClientSession() as http:
+        body = {"model": "sim", "input": "hi", "stream": True}
+        async with http.post(f"{base}/v1/responses", json=body) as r:
+            assert r.status == 200
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            events = SSEDecoder(1 << 24).feed(await r.read())
+        assert events[0].event == "response.created"
+        assert events[-1].event == "response.completed"
+        async with http.get(f"{base}/metrics") as r:
+            assert r.status == 404  # kept for the internal scraper
+        async with http.get(f"{base}/healthz") as r:
+            assert r.status == 200
+
+
+@pytest.mark.parametrize("balancer", BALANCERS)
+async def test_events_pass_the_balancer_as_they_come(
+    balancer: Balancer, replicas: Replicas, sim: Sim, tmp_path: Path
+) -> None:
+    """The model goes silent after a few events and the stream stays open: the client has
+    the first ones already, as a client reading a long generation sees its start."""
+    body = {"model": "sim", "input": "hi", "stream": True, "metadata": {"sim_fault": "stall:3"}}
+    async with (
+        balancer(replicas, tmp_path) as base,
+        aiohttp.ClientSession() as http,
+        http.post(f"{base}/v1/responses", json=body) as r,
+    ):
+        assert r.status == 200
+        first = await asyncio.wait_for(r.content.readuntil(b"\n\n"), seconds(10))
+        assert SSEDecoder(1 << 24).feed(first)[0].event == "response.created"
+        assert sim.state.completed == 0  # the answer is still being written
+
+
+@pytest.mark.parametrize("balancer", BALANCERS)
+async def test_a_draining_replica_gets_no_new_socket(
+    balancer: Balancer,
+    replicas: Replicas,
+    openai_client: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    """One socket held open on one replica makes the other the least loaded; that one then
+    drains. The next socket is offered to it, refused with 503, and retried on the first."""
+    async with balancer(replicas, tmp_path) as base:
+        client = openai_client(f"{base}/v1", api_key="sk-test")
+        async with client.responses.connect() as held:
+            await held.response.create(model="sim", input="hold", store=False)
+            assert (await sdk_terminal(held)).type == "response.completed"
+            ops = [r.served.runner.app[OPS] for r in replicas]
+            (idle,) = [o for o in ops if o.ws_open == 0]  # the other holds `held`
+            idle.begin_drain()
+            await conversation(client)
+            # the draining replica refused it, and never held a socket
+            (drained,) = [r for r, o in zip(replicas, ops, strict=True) if o is idle]
+            m = await scrape(drained)
+            assert sample(m, "wsmode_connections_rejected_total", reason="draining") >= 1
+            closed = [v for (name, _), v in m.items() if name == "wsmode_connections_total"]
+            assert idle.ws_open == 0 and sum(closed) == 0
