@@ -70,6 +70,9 @@ class ServerSettings:
     max_frames_per_second: float = 1000.0  # per connection; past it its reading slows; 0: off
     max_bytes_per_second: int = 64 * MiB  # per connection, the same for bytes; 0: off
     log_repeat_limit: int = 20  # WARNING+ lines per message per 10 s, then suppressed; 0: off
+    # ---- native TLS (issue 14): PEM files; both set: the listener speaks TLS (wss://, https://)
+    tls_cert_file: str = ""  # certificate chain; may hold the key too
+    tls_key_file: str = ""  # private key, unless it is in tls_cert_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +298,8 @@ def _validate(s: Settings) -> None:
         raise ConfigError("upstream.native_previous_response_id needs upstream.api = responses")
     if s.upstream.url and not s.upstream.url.startswith(("http://", "https://")):
         raise ConfigError("upstream.url must start with http:// or https://")
+    if s.server.tls_key_file and not s.server.tls_cert_file:
+        raise ConfigError("server.tls_key_file needs server.tls_cert_file")
     if not 0 <= s.server.port <= 65535:
         raise ConfigError("server.port must be between 0 and 65535")
     if s.sidecar.upstream and not s.sidecar.upstream.startswith(("http://", "https://")):

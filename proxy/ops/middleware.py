@@ -113,7 +113,8 @@ class Ops:
         self.metrics.draining.set(1)
         grace = self.settings.server.drain_grace_seconds
         log.info(
-            "draining: %d connections, %d HTTP requests in flight, grace %gs",
+            "draining: %d connections, %d HTTP requests in flight, grace %gs "
+            "(a second Ctrl-C or SIGTERM cuts it short)",
             self.ws_open,  # `connections` holds the POST /v1/responses in flight too
             self.http_inflight,
             grace,
