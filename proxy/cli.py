@@ -113,7 +113,7 @@ def serve(
         settings.server.log_repeat_limit,
     )
     _check_runtime(settings)
-    sys.exit(_listening(lambda: run_server(settings)))
+    sys.exit(_listening(lambda: run_server(settings, version=__version__)))
 
 
 def _listening(run: Callable[[], int | None]) -> int:

@@ -145,17 +145,15 @@ async def run_site(
         await runner.cleanup()
 
 
-def announce_serve(settings: Settings) -> None:
+def announce_serve(settings: Settings, version: str) -> None:
     """The start-up line, and what a user must know about where it listens."""
-    from . import __version__
-
     s = settings.server
     tls = bool(s.tls_cert_file)
     host = client_host(s.host)
     ws, http = ("wss", "https") if tls else ("ws", "http")
     log.info(
         "wsmode %s listening on %s://%s:%d/v1/responses (clients use base URL %s://%s:%d/v1)",
-        __version__,
+        version,
         ws,
         host,
         s.port,
@@ -234,14 +232,14 @@ async def serve(settings: Settings, announce: Callable[[], None] | None = None) 
         await runner.cleanup()
 
 
-def run(settings: Settings) -> int:
+def run(settings: Settings, *, version: str = "") -> int:
     """Serve in this process, or supervise `server.workers` processes sharing the port."""
     if settings.server.workers <= 1:
-        asyncio.run(serve(settings, lambda: announce_serve(settings)))
+        asyncio.run(serve(settings, lambda: announce_serve(settings, version)))
         return 0
     check_bindable(settings.server.host, settings.server.port)
     tls_context(settings.server)  # a bad certificate is one line here, not one per worker
-    announce_serve(settings)
+    announce_serve(settings, version)
     return supervise(settings)
 
 

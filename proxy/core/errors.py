@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import wire
+from .urls import missing_v1
 
 
 class ProxyError(Exception):
@@ -195,14 +196,15 @@ def upstream_redirect(status: int) -> UpstreamError:
 
 
 def upstream_http_error(
-    status: int, body: bytes, headers: Mapping[str, str] | None = None
+    status: int, body: bytes, headers: Mapping[str, str] | None = None, url: str | None = None
 ) -> UpstreamError:
     """Turn an upstream's non-2xx answer into our error, keeping its status and error body.
 
     OpenAI-compatible servers answer `{"error": {message, type, param, code}}`; some answer
     `{"error": "text"}`, `{"detail": ...}` or plain text. Whatever arrived is preserved as
     far as the envelope allows, so the client sees the upstream's own words, and its
-    rate-limit headers (`rate_limit_headers`).
+    rate-limit headers (`rate_limit_headers`). With `url` (redacted), a 404 or 405, or an
+    answer without an error object, also says which server answered.
     """
     message = body.decode("utf-8", "replace").strip()[:2000] or f"upstream answered HTTP {status}"
     code: str | None = None
@@ -222,6 +224,14 @@ def upstream_http_error(
                 etype = err["type"]
         elif isinstance(err, str):
             message = err
+    worded = isinstance(doc, dict) and isinstance(doc.get("error", doc.get("detail")), dict)
+    if url is not None and (status in (404, 405) or not worded):
+        # which server answered: a wrong base URL (404 to every request) shows itself. An
+        # upstream's own error object otherwise (a 429, a 400) passes on as it was written.
+        said = f"the upstream at {url} answered HTTP {status}"
+        message = f"{message} ({said})" if body.strip() else said
+        if status == 404 and missing_v1(url) is not None:
+            message += "; its base URL has no /v1, which OpenAI-compatible servers need"
     return UpstreamError(
         message,
         status=status,

@@ -20,7 +20,7 @@ from aiohttp.typedefs import Handler
 
 from ..config import Settings, UpstreamSettings
 from ..core import wire
-from ..core.urls import redact_url
+from ..core.urls import missing_v1, redact_url
 from ..ops.auth import credentials
 from ..ops.bodies import read_body
 from ..ops.middleware import CLIENT_CLOSED, client_left
@@ -192,6 +192,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[SIDECAR]
     await state.http.start()
     await state.pool.start()
+    if (no_v1 := missing_v1(state.http.base_url)) is not None:
+        log.warning("%s", no_v1)
     log.info("sidecar: WebSocket mode to %s", redact_url(state.pool.url))
     try:
         yield

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import aiohttp
 
 from ..config import SidecarSettings
-from ..upstream.client import RedirectRefused, refuse_redirects
+from ..core.urls import redact_url
+from ..upstream.client import RedirectRefused, describe, refuse_redirects
 
 log = logging.getLogger("wsmode.sidecar")
 
@@ -181,16 +182,23 @@ class SocketPool:
                 self.refusals += 1
                 self.refused_until = self.clock() + s.refusal_memory
                 log.warning(
-                    "upstream refused WebSocket mode (HTTP %s): plain HTTP for %gs",
+                    "upstream %s refused WebSocket mode (HTTP %s): plain HTTP for %gs",
+                    redact_url(self.url),
                     exc.status,
                     s.refusal_memory,
                 )
                 raise UpgradeRefused(exc.status) from exc
-            raise CannotOpen(f"WebSocket upgrade answered HTTP {exc.status}") from exc
+            raise CannotOpen(
+                f"the WebSocket upgrade at {redact_url(self.url)} answered HTTP {exc.status}"
+            ) from exc
         except RedirectRefused as exc:
-            raise CannotOpen(f"WebSocket upgrade answered HTTP {exc.status}") from exc
+            raise CannotOpen(
+                f"the WebSocket upgrade at {redact_url(self.url)} answered HTTP {exc.status}"
+            ) from exc
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise CannotOpen(f"cannot open a WebSocket ({type(exc).__name__})") from exc
+            raise CannotOpen(
+                f"cannot open a WebSocket to {redact_url(self.url)} ({describe(exc)})"
+            ) from exc
         finally:
             self._opening -= 1
         sock = UpstreamSocket(next(self._serials), credential, ws)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
@@ -51,6 +52,30 @@ async def refuse_redirects(
         resp.release()
         raise RedirectRefused(resp.status)
     return resp
+
+
+def describe(exc: BaseException) -> str:
+    """A network failure in a user's words ("connection refused", "name not resolved"),
+    never an aiohttp class name."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "name not resolved"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return "its TLS certificate is not trusted"
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return "the TLS handshake failed"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the server closed the connection"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "the answer's body was cut short"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        exc = exc.os_error
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno).lower()
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return "network error"
 
 
 def overloaded(message: str) -> UpstreamError:
@@ -179,7 +204,9 @@ class UpstreamClient:
                 if resp.status != 200:
                     try:
                         body = await self._error_body(resp)
-                        raise upstream_http_error(resp.status, body, resp.headers)
+                        raise upstream_http_error(
+                            resp.status, body, resp.headers, url=redact_url(self.base_url + path)
+                        )
                     finally:
                         resp.release()
             except RedirectRefused as exc:
@@ -218,16 +245,18 @@ class UpstreamClient:
         if isinstance(exc, TimeoutError):
             what = "stopped sending" if started else "did not answer"
             return UpstreamError(
-                f"upstream {what} within {self.settings.read_timeout:g}s",
+                f"the upstream at {redact_url(self.base_url)} {what} within "
+                f"{self.settings.read_timeout:g}s",
                 status=502 if started else 504,
                 started=started,
                 code="upstream_timeout",
             )
-        reason = type(exc).__name__
+        reason = describe(exc)
+        shown = redact_url(self.base_url)
         message = (
-            f"upstream connection broke mid-stream ({reason})"
+            f"the connection to the upstream at {shown} broke mid-stream ({reason})"
             if started
-            else f"cannot reach the upstream at {redact_url(self.base_url)} ({reason})"
+            else f"cannot reach the upstream at {shown} ({reason})"
         )
         return UpstreamError(message, status=502, started=started, code="upstream_unavailable")
 

@@ -3,7 +3,9 @@
 The probe is one `POST {upstream}/responses` with the body `{}` at start-up: a server that
 has the endpoint rejects the empty body (400/422), one that has not answers 404 or 405. Any
 other outcome (401 without the client's key, the server not up yet, a timeout) leaves the
-choice to the first real request (core/dialects/auto.py).
+choice to the first real request (core/dialects/auto.py). A 404 is checked once more with
+`POST {upstream}/chat/completions`: a 404 there too means the URL is wrong (a base URL without
+`/v1`), not that the server speaks Chat, and is logged as such, deciding nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import aiohttp
 
 from ..core.dialects.auto import REFUSED, AutoDialect
 from ..core.urls import redact_url
-from .client import UpstreamClient
+from .client import UpstreamClient, describe
 
 log = logging.getLogger("wsmode.upstream")
 
@@ -22,19 +24,17 @@ PROBE_TIMEOUT = 5.0  # seconds; the probe must not hold up start-up for long
 
 
 async def probe(upstream: UpstreamClient, dialect: AutoDialect) -> None:
-    assert upstream.session is not None
-    url = upstream.base_url + "/responses"
-    timeout = aiohttp.ClientTimeout(total=min(PROBE_TIMEOUT, upstream.settings.connect_timeout))
-    try:
-        async with upstream.session.post(
-            url, data=b"{}", headers={"Content-Type": "application/json"}, timeout=timeout
-        ) as resp:
-            status = resp.status
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        log.info(
-            "upstream.api=auto: probe of %s failed (%s); the first request decides",
-            redact_url(url),
-            exc,
+    status = await _post_empty(upstream, "/responses")
+    if status is None:
+        return
+    if status == 404 and await _post_empty(upstream, "/chat/completions") == 404:
+        # neither API is there: the URL is wrong (most often: /v1 left out), not the dialect
+        log.warning(
+            "upstream.api=auto: both POST %s/responses and POST %s/chat/completions answered "
+            "404: the upstream URL looks wrong (OpenAI-compatible servers serve the API "
+            "under /v1); the first request decides",
+            redact_url(upstream.base_url),
+            redact_url(upstream.base_url),
         )
         return
     if status in REFUSED:
@@ -43,3 +43,22 @@ async def probe(upstream: UpstreamClient, dialect: AutoDialect) -> None:
         dialect.decide(dialect.responses, f"the probe POST /responses answered {status}")
     else:
         log.info("upstream.api=auto: probe answered %s; the first request decides", status)
+
+
+async def _post_empty(upstream: UpstreamClient, path: str) -> int | None:
+    """The status of `POST {upstream}{path}` with the body `{}`, or None if it failed."""
+    assert upstream.session is not None
+    url = upstream.base_url + path
+    timeout = aiohttp.ClientTimeout(total=min(PROBE_TIMEOUT, upstream.settings.connect_timeout))
+    try:
+        async with upstream.session.post(
+            url, data=b"{}", headers={"Content-Type": "application/json"}, timeout=timeout
+        ) as resp:
+            return resp.status
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        log.info(
+            "upstream.api=auto: probe of %s failed (%s); the first request decides",
+            redact_url(url),
+            describe(exc),
+        )
+        return None
