@@ -126,6 +126,9 @@ class SidecarSettings:
     max_credentials: int = 64  # credentials whose chains are remembered
     chains_per_credential: int = 256  # chains remembered per credential
     max_http_connections: int = 64  # pooled HTTP connections for routes sent over HTTP
+    # sent to the upstream in place of the client's credential (and of the proxy key, when
+    # [auth] is on: that key is the sidecar's own and never goes upstream); "": the client's
+    api_key: str = field(default="", metadata=SECRET)
 
 
 @dataclass(frozen=True, slots=True)
