@@ -106,9 +106,7 @@ def _route(request: web.Request) -> str:
     return resource.canonical if resource is not None else "unmatched"
 
 
-def guard(
-    auth: Authenticator | None, metrics: SidecarMetrics, upstream_key: str
-) -> Middleware:
+def guard(auth: Authenticator | None, metrics: SidecarMetrics, upstream_key: str) -> Middleware:
     """The middleware: counts every request, and checks proxy auth on all but the open
     routes, handing the request on with the upstream's credential in place of the key."""
 
