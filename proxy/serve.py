@@ -161,6 +161,12 @@ def announce_serve(settings: Settings, version: str) -> None:
         host,
         s.port,
     )
+    if s.listen_file:
+        try:
+            with open(s.listen_file, "w", encoding="utf-8") as f:
+                f.write(f"{http}://{host}:{s.port}/v1\n")
+        except OSError as exc:
+            log.warning("cannot write server.listen_file %s: %s", s.listen_file, exc)
     if s.host in _ANY:
         log.info(
             "listening on every address (%s): clients on other machines use this machine's "
