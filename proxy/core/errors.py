@@ -1,10 +1,10 @@
-"""The error vocabulary (PROTOCOL.md section 5), split by who made the mistake.
+"""The error vocabulary (docs/protocol.md "Errors"), split by who made the mistake.
 
 `ClientError` is the client's fault: the request is rejected, the socket stays open and no
 conversation changes. `UpstreamError` is the model server's fault (or its network's): the
-response fails, and the same-lane eviction rule of PROTOCOL 4.2 applies. Each renders the
-WebSocket `error` event (always with `status`, which Codex needs to treat it as fatal or
-retryable) and the HTTP error body. Any other exception inside the proxy is a bug.
+response fails, and the same-lane eviction rule of docs/protocol.md "Continuing and eviction"
+applies. Each renders the WebSocket `error` event (always with `status`, which Codex needs to treat
+it as fatal or retryable) and the HTTP error body. Any other exception inside the proxy is a bug.
 """
 
 from __future__ import annotations
@@ -55,13 +55,14 @@ class ProxyError(Exception):
     def event(
         self, stream_id: str | None = None, sequence_number: int | None = None
     ) -> dict[str, Any]:
-        """The WebSocket `error` event (PROTOCOL 3.2)."""
+        """The WebSocket `error` event (docs/protocol.md "WebSocket-only events")."""
         ev: dict[str, Any] = {"type": "error", "status": self.status, "error": self.body()}
         if stream_id is not None:
             ev["stream_id"] = stream_id
         if sequence_number is not None:
             ev["sequence_number"] = sequence_number
-        if self.headers:  # Codex reads rate-limit headers at the top level (PROTOCOL 3.2)
+        # Codex reads rate-limit headers at the top level (docs/protocol.md "WebSocket-only events")
+        if self.headers:
             ev["headers"] = self.headers
         return ev
 
@@ -118,8 +119,9 @@ class ServerShuttingDown(ProxyError):
 
 class ClientTooSlow(ProxyError):
     """The client read nothing for `server.send_timeout` while a response was being written:
-    the response is cancelled upstream and fails, as an upstream failure would (PROTOCOL
-    4.2's eviction included); the client finds the events once it reads again."""
+    the response is cancelled upstream and fails, as an upstream failure would (the
+    eviction of docs/protocol.md "Continuing and eviction" included); the client finds the events
+    once it reads again."""
 
     status = 408
     type = "invalid_request_error"

@@ -41,7 +41,8 @@ CREDENTIAL_HEADERS = ("authorization", "openai-organization", "openai-project")
 
 
 def websocket_url(base: str) -> str:
-    """`https://host/v1` -> `wss://host/v1/responses` (the SDKs' own rule, PROTOCOL 1)."""
+    """`https://host/v1` -> `wss://host/v1/responses` (the SDKs' own rule, docs/protocol.md
+    "Endpoint and handshake")."""
     base = base.rstrip("/")
     if base.startswith("https://"):
         return "wss://" + base.removeprefix("https://") + "/responses"

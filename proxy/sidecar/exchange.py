@@ -38,7 +38,8 @@ class Exchange:
     pool: SocketPool
     memory: ChainMemory
     plan: Plan
-    stream: bool  # the client's `stream`; it never goes on the socket (PROTOCOL 2.1)
+    # the client's `stream`; it never goes on the socket (docs/protocol.md "response.create")
+    stream: bool
     upgrade_headers: Mapping[str, str]
     read_timeout: float
     stats: Counter[str]

@@ -3,15 +3,15 @@
 A socket is opened with the credential headers of the request that needs it and only ever
 carries that credential's requests, one at a time (the request that holds it is its only
 reader). It remembers the last response it completed, since the remote server's
-connection-local cache holds that one (PROTOCOL.md 4.1). A request for a new conversation
-gets a new socket while the pool has room, else the least recently used idle socket of its
-credential, else an idle socket of another credential is closed to make room; when every
+connection-local cache holds that one (docs/protocol.md "The connection cache"). A request for a new
+conversation gets a new socket while the pool has room, else the least recently used idle socket of
+its credential, else an idle socket of another credential is closed to make room; when every
 socket is busy the caller goes over plain HTTP instead of waiting.
 
 Sockets that end badly are closed, idle ones after `idle_timeout`; the closing is done by
 the pool's janitor task, so giving a socket back never waits. An upgrade refused with 404 or
-426 marks the upstream WebSocket-less for `refusal_memory` seconds (PROTOCOL 1: 426 means
-"use HTTP").
+426 marks the upstream WebSocket-less for `refusal_memory` seconds (docs/protocol.md "Endpoint and
+handshake": 426 means "use HTTP").
 """
 
 from __future__ import annotations

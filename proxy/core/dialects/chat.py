@@ -1,4 +1,5 @@
-"""The Chat Completions dialect: `POST /v1/chat/completions` upstreams (PROTOCOL 8.4).
+"""The Chat Completions dialect: `POST /v1/chat/completions` upstreams (docs/protocol.md "Chat
+Completions upstreams").
 
 The request is translated by `chat_request` (Responses items -> Chat messages, memoised per
 item). The stream is rebuilt event by event: Chat chunks carry deltas, never item
@@ -56,7 +57,8 @@ _FINISH: dict[str, tuple[str, str | None]] = {
 
 
 def map_usage(usage: dict[str, Any]) -> dict[str, Any]:
-    """Chat usage -> Responses usage (PROTOCOL 8.4). Chat reports no cache writes: 0."""
+    """Chat usage -> Responses usage (docs/protocol.md "Chat Completions upstreams"). Chat reports
+    no cache writes: 0."""
     prompt = count(usage, "prompt_tokens")
     completion = count(usage, "completion_tokens")
     return usage_of(
