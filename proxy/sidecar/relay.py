@@ -72,6 +72,7 @@ Action = Write | Reply | Retry | Done
 class Relay:
     stream: bool
     client_previous_id: str | None = None  # what the client sent; restored in responses
+    upstream: str = "the upstream"  # how failure messages name it ("the upstream at wss://...")
     delta: bool = False  # this attempt sent a continuation the client did not ask for
     outcome: str | None = None
     response_id: str | None = None
@@ -122,10 +123,10 @@ class Relay:
         """The socket closed (or broke) before the response ended."""
         if not self.started:
             return [Retry(self._reopen())]
-        return self._fail("upstream_unavailable", "the upstream connection closed")
+        return self._fail("upstream_unavailable", f"the connection to {self.upstream} closed")
 
     def timed_out(self, seconds: float) -> list[Action]:
-        return self._fail("upstream_timeout", f"the upstream sent nothing for {seconds:g}s")
+        return self._fail("upstream_timeout", f"{self.upstream} sent nothing for {seconds:g}s")
 
     def invalid(self, why: str) -> list[Action]:
         return self._fail("upstream_protocol_error", why)
