@@ -21,7 +21,7 @@ from aiohttp import web
 from .build import build_core
 from .config import Settings
 from .core.dialects.auto import AutoDialect
-from .core.urls import redact_url
+from .core.urls import missing_v1, redact_url
 from .http_front import passthrough
 from .http_front.compact import compact_response
 from .http_front.responses import create_response
@@ -182,6 +182,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     if isinstance(state.policy.dialect, AutoDialect):
         await probe(state.upstream, state.policy.dialect, [r.url for r in state.pool.replicas])
     shown = ", ".join(redact_url(r.url) for r in state.pool.replicas)
+    for replica in state.pool.replicas:
+        if (no_v1 := missing_v1(replica.url)) is not None:
+            log.warning("%s", no_v1)
     log.info("upstream %s (%s dialect)", shown, state.policy.dialect.name)
     checks: asyncio.Task[None] | None = None
     if state.settings.upstream.health_interval > 0:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
-from aiohttp import web
 
 from . import __version__
 from .config import ConfigError, Settings, load_settings
+from .core.urls import redact_url
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -116,13 +117,17 @@ def serve(
         settings.server.log_repeat_limit,
     )
     _check_runtime(settings)
-    click.echo(
-        f"wsmode {__version__} listening on ws://{settings.server.host}:{settings.server.port}"
-        f"/v1/responses (clients use base URL http://{settings.server.host}:"
-        f"{settings.server.port}/v1)",
-        err=True,
-    )
-    sys.exit(run_server(settings))
+    sys.exit(_listening(lambda: run_server(settings, version=__version__)))
+
+
+def _listening(run: Callable[[], int | None]) -> int:
+    """Run a server; a socket it cannot listen on (the port in use) is one line, exit 1."""
+    from .serve import ListenError
+
+    try:
+        return run() or 0
+    except ListenError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _check_runtime(settings: Settings) -> None:
@@ -183,15 +188,29 @@ def _toml(doc: dict[str, dict[str, Any]]) -> str:
 @click.option("--port", type=int, help="Port to listen on (default 8090). [WSMODE_SIDECAR_PORT]")
 @_config_option("TOML config file, section [sidecar] (see config/wsmode.example.toml).")
 @click.option("--log-level", help="DEBUG, INFO, WARNING or ERROR. [WSMODE_SERVER_LOG_LEVEL]")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="Log lines as text or JSON. [WSMODE_SERVER_LOG_FORMAT]",
+)
+@SET_OPTION
 def sidecar(
     upstream: str | None,
     host: str | None,
     port: int | None,
     config: str | None,
     log_level: str | None,
+    log_format: str | None,
+    sets: tuple[str, ...],
 ) -> None:
-    """Take plain HTTP on localhost; send /v1/responses to a WebSocket-mode server."""
+    """Take plain HTTP on localhost; send /v1/responses to a WebSocket-mode server.
+
+    Proxy auth ([auth]), /metrics (server.metrics), TLS (server.tls_cert_file) and the
+    log settings of [server] apply to the sidecar too."""
+    import asyncio
+
     from .logs import configure
+    from .serve import client_host, run_site, tls_context
     from .sidecar.app import create_sidecar_app
 
     settings = _settings(
@@ -201,6 +220,8 @@ def sidecar(
             "sidecar.host": host,
             "sidecar.port": port,
             "server.log_level": log_level,
+            "server.log_format": log_format,
+            **_parse_sets(sets),
         },
     )
     sc = settings.sidecar
@@ -209,21 +230,34 @@ def sidecar(
             "the sidecar needs --upstream (the remote server's base URL, e.g. "
             "https://api.openai.com/v1)"
         )
-    configure(settings.server.log_level)
-    click.echo(
-        f"wsmode {__version__} sidecar on http://{sc.host}:{sc.port}/v1 (clients use this as "
-        f"their base URL), WebSocket mode to {sc.upstream}",
-        err=True,
+    _check_runtime(settings)
+    configure(
+        settings.server.log_level,
+        settings.server.log_format,
+        settings.server.log_repeat_limit,
     )
-    web.run_app(
-        create_sidecar_app(settings),
-        host=sc.host,
-        port=sc.port,
-        print=None,
-        access_log=None,
-        handler_cancellation=True,
-        keepalive_timeout=settings.server.header_timeout or 3630.0,  # slow request heads
-    )
+    scheme = "https" if settings.server.tls_cert_file else "http"
+
+    def announce() -> None:
+        logging.getLogger("wsmode").info(
+            "wsmode %s sidecar on %s://%s:%d/v1 (clients use this as their base URL), "
+            "WebSocket mode to %s",
+            __version__,
+            scheme,
+            client_host(sc.host),
+            sc.port,
+            redact_url(sc.upstream),
+        )
+
+    def run() -> None:
+        app = create_sidecar_app(settings)
+        ctx = tls_context(settings.server)
+        timeout = settings.server.header_timeout
+        asyncio.run(
+            run_site(app, sc.host, sc.port, announce, ssl_context=ctx, header_timeout=timeout)
+        )
+
+    sys.exit(_listening(run))
 
 
 @main.command()
@@ -257,15 +291,18 @@ def sim(
         },
     )
     configure(settings.server.log_level)
-    click.echo(f"simulated model on http://{host}:{port}/v1", err=True)
-    web.run_app(
-        create_sim_app(settings.sim),
-        host=host,
-        port=port,
-        print=None,
-        access_log=None,
-        handler_cancellation=True,
-    )
+
+    def run() -> None:
+        import asyncio
+
+        from .serve import client_host, run_site
+
+        def announce() -> None:
+            click.echo(f"simulated model on http://{client_host(host)}:{port}/v1", err=True)
+
+        asyncio.run(run_site(create_sim_app(settings.sim), host, port, announce))
+
+    sys.exit(_listening(run))
 
 
 @main.command()

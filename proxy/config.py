@@ -6,8 +6,10 @@ proxy/core/context/settings.py's, [chat] is `ChatOptions` (proxy/core/dialects/
 chat_request.py). Their checks run when they are built and raise `ValueError`, which the
 loader reports as `ConfigError`.
 
-Precedence, lowest first: the defaults below < the TOML file (`--config`, `WSMODE_CONFIG`)
-< `WSMODE_<SECTION>_<KEY>` environment variables < command-line flags. The flags of
+Precedence, lowest first: the defaults below < a base TOML file (`WSMODE_BASE_CONFIG`: the
+Docker image's own defaults, so a mounted file still wins over them) < the TOML file
+(`--config`, `WSMODE_CONFIG`) < `WSMODE_<SECTION>_<KEY>` environment variables < command-line
+flags. The flags of
 `wsmode serve` also have short environment names: `WSMODE_HOST`, `WSMODE_PORT`,
 `WSMODE_UPSTREAM`. Every key is documented in config/wsmode.example.toml, which a test loads.
 Unknown sections or keys are errors, never silently ignored.
@@ -71,6 +73,11 @@ class ServerSettings:
     max_frames_per_second: float = 1000.0  # per connection; past it its reading slows; 0: off
     max_bytes_per_second: int = 64 * MiB  # per connection, the same for bytes; 0: off
     log_repeat_limit: int = 20  # WARNING+ lines per message per 10 s, then suppressed; 0: off
+    # ---- native TLS (issue 14): PEM files; both set: the listener speaks TLS (wss://, https://)
+    tls_cert_file: str = ""  # certificate chain; may hold the key too
+    tls_key_file: str = ""  # private key, unless it is in tls_cert_file
+    # once listening, write the base URL here (the Docker image's health check reads it); "": no
+    listen_file: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +158,9 @@ class SidecarSettings:
     max_credentials: int = 64  # credentials whose chains are remembered
     chains_per_credential: int = 256  # chains remembered per credential
     max_http_connections: int = 64  # pooled HTTP connections for routes sent over HTTP
+    # sent to the upstream in place of the client's credential (and of the proxy key, when
+    # [auth] is on: that key is the sidecar's own and never goes upstream); "": the client's
+    api_key: str = field(default="", metadata=SECRET)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +229,7 @@ ENV_ALIASES = {
     "WSMODE_UPSTREAM": ("upstream", "url"),
 }
 API_CHOICES = ("responses", "chat", "auto")
+_FILE_VARIABLES = frozenset({"WSMODE_CONFIG", "WSMODE_BASE_CONFIG"})  # name files, not keys
 
 
 def _sections() -> dict[str, type[Any]]:
@@ -274,21 +285,25 @@ def load_settings(
 ) -> Settings:
     """Build the effective settings. `overrides` maps "section.key" to flag values."""
     layers: dict[str, dict[str, Any]] = {name: {} for name in _sections()}
-    if path:
+    for file in ((env or {}).get("WSMODE_BASE_CONFIG"), path):
+        if not file:
+            continue
         try:
-            with open(path, "rb") as f:
+            with open(file, "rb") as f:
                 doc = tomllib.load(f)
         except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+            raise ConfigError(f"cannot read config file {file}: {exc}") from exc
         for section, table in doc.items():
             if section not in layers or not isinstance(table, dict):
                 raise ConfigError(f"unknown config section [{section}]")
             layers[section].update(table)
     for name, value in (env or {}).items():
+        if name in _FILE_VARIABLES:
+            continue
         if name in ENV_ALIASES:
             section, key = ENV_ALIASES[name]
             layers[section][key] = value
-        elif name.startswith("WSMODE_") and name != "WSMODE_CONFIG":
+        elif name.startswith("WSMODE_"):
             rest = name.removeprefix("WSMODE_").lower()
             section, _, key = rest.partition("_")
             if section not in layers:
@@ -322,6 +337,8 @@ def _validate(s: Settings) -> None:
     if s.upstream.native_previous_response_id and s.upstream.api != "responses":
         raise ConfigError("upstream.native_previous_response_id needs upstream.api = responses")
     _validate_pool(s.upstream)
+    if s.server.tls_key_file and not s.server.tls_cert_file:
+        raise ConfigError("server.tls_key_file needs server.tls_cert_file")
     if not 0 <= s.server.port <= 65535:
         raise ConfigError("server.port must be between 0 and 65535")
     if s.sidecar.upstream and not s.sidecar.upstream.startswith(("http://", "https://")):

@@ -6,7 +6,12 @@ refuses new creates and closes with 1001 as soon as it has nothing in flight; at
 `server.drain_grace_seconds` whatever is still running is cut and its socket closed with 1001.
 A cut response ends with `response.failed` and an `error` (503 `server_shutting_down`);
 `POST /v1/responses` is waited for and cut the same way. Then the listener closes and the
-process exits 0. A second signal cuts the grace short.
+process exits 0. A second signal cuts the grace short (the drain's log line says so).
+
+Start-up: the "listening on" line is logged once the socket is bound (in the log format the
+settings ask for); a port that cannot be bound is one `ListenError` line, not a traceback.
+With `server.tls_cert_file` and `server.tls_key_file` the listener speaks TLS itself
+(`tls_context`): clients then use wss:// and https://.
 
 Descriptors: `server.max_connections` is first fitted to the descriptor limit
 (`ops/descriptors.py`); the listener's accept loop pauses when descriptors run out anyway
@@ -21,15 +26,19 @@ import asyncio
 import dataclasses
 import logging
 import multiprocessing
+import os
 import signal
+import socket
+import ssl
 import time
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 
 from aiohttp import web
 
 from .app import HANDLER_CANCELLATION, create_app
-from .config import Settings
+from .config import ServerSettings, Settings
 from .ops import descriptors
 from .ops.listener import Listener
 from .ops.middleware import OPS
@@ -39,9 +48,143 @@ log = logging.getLogger("wsmode")
 # After the grace: time for the 1001 closing handshakes and the last HTTP responses.
 _CLOSE_MARGIN = 5.0
 _AIOHTTP_KEEPALIVE = 3630.0  # aiohttp's own default, for server.header_timeout = 0
+_LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+_ANY = frozenset({"0.0.0.0", "::", ""})
 
 
-async def serve(settings: Settings) -> None:
+class ListenError(Exception):
+    """The listening socket could not be made (the port in use, an address not ours...)."""
+
+
+def tls_context(server: ServerSettings) -> ssl.SSLContext | None:
+    """The server-side TLS context of `server.tls_cert_file`/`tls_key_file`, or None."""
+    if not server.tls_cert_file:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(server.tls_cert_file, server.tls_key_file or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ListenError(
+            f"cannot load server.tls_cert_file {server.tls_cert_file} / server.tls_key_file "
+            f"{server.tls_key_file}: {exc}"
+        ) from None
+    return ctx
+
+
+def is_loopback(host: str) -> bool:
+    return host in _LOOPBACK or host.startswith("127.")
+
+
+def client_host(host: str) -> str:
+    """The host a client on this machine uses for a listener on `host`: a wildcard address
+    (0.0.0.0, ::) is no address to connect to, so loopback stands in for it."""
+    if host in _ANY:
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def bind_error(host: str, port: int, exc: OSError) -> ListenError:
+    why = os.strerror(exc.errno) if exc.errno else str(exc)
+    return ListenError(f"cannot listen on {host}:{port}: {why.lower()}")
+
+
+def check_bindable(host: str, port: int) -> None:
+    """Raise `ListenError` now if `host:port` cannot be bound with SO_REUSEPORT (for the
+    supervisor, before it starts workers that would each fail the same way)."""
+    try:
+        with socket.create_server((host, port), reuse_port=True):
+            pass
+    except OSError as exc:
+        raise bind_error(host, port, exc) from None
+
+
+async def start_listener(
+    runner: web.AppRunner,
+    host: str,
+    port: int,
+    *,
+    reuse_port: bool = False,
+    ssl_context: ssl.SSLContext | None = None,
+) -> Listener:
+    site = Listener(runner, host, port, reuse_port=reuse_port, ssl_context=ssl_context)
+    try:
+        await site.start()
+    except OSError as exc:
+        raise bind_error(host, port, exc) from None
+    return site
+
+
+async def run_site(
+    app: web.Application,
+    host: str,
+    port: int,
+    announce: Callable[[], None],
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    header_timeout: float = 30.0,
+) -> None:
+    """Serve `app` (the sidecar, the simulated model) until SIGTERM or SIGINT: bind, then
+    `announce`, then wait. No drain: these hold nothing a client would lose."""
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        shutdown_timeout=_CLOSE_MARGIN,
+        handler_cancellation=True,
+        keepalive_timeout=header_timeout or _AIOHTTP_KEEPALIVE,
+    )
+    await runner.setup()
+    try:
+        await start_listener(runner, host, port, ssl_context=ssl_context)
+        announce()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def announce_serve(settings: Settings, version: str) -> None:
+    """The start-up line, and what a user must know about where it listens."""
+    s = settings.server
+    tls = bool(s.tls_cert_file)
+    host = client_host(s.host)
+    ws, http = ("wss", "https") if tls else ("ws", "http")
+    log.info(
+        "wsmode %s listening on %s://%s:%d/v1/responses (clients use base URL %s://%s:%d/v1)",
+        version,
+        ws,
+        host,
+        s.port,
+        http,
+        host,
+        s.port,
+    )
+    if s.listen_file:
+        try:
+            with open(s.listen_file, "w", encoding="utf-8") as f:
+                f.write(f"{http}://{host}:{s.port}/v1\n")
+        except OSError as exc:
+            log.warning("cannot write server.listen_file %s: %s", s.listen_file, exc)
+    if s.host in _ANY:
+        log.info(
+            "listening on every address (%s): clients on other machines use this machine's "
+            "address or name in place of %s",
+            s.host or "*",
+            host,
+        )
+    auth = settings.auth.api_keys or settings.auth.api_key_hashes_file
+    if not is_loopback(s.host) and not auth:
+        log.warning(
+            "listening on %s without proxy auth: anyone who can reach port %d can use the "
+            "upstream through this proxy; set auth.api_keys (or auth.api_key_hashes_file)",
+            s.host or "*",
+            s.port,
+        )
+
+
+async def serve(settings: Settings, announce: Callable[[], None] | None = None) -> None:
     fitted = descriptors.budget(settings)
     if fitted.warning:
         log.warning("%s", fitted.warning)
@@ -59,13 +202,15 @@ async def serve(settings: Settings) -> None:
     )
     await runner.setup()
     try:
-        site = Listener(
+        await start_listener(
             runner,
             settings.server.host,
             settings.server.port,
             reuse_port=settings.server.reuse_port,
+            ssl_context=tls_context(settings.server),
         )
-        await site.start()
+        if announce is not None:
+            announce()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         signals = (signal.SIGTERM, signal.SIGINT)
@@ -93,11 +238,14 @@ async def serve(settings: Settings) -> None:
         await runner.cleanup()
 
 
-def run(settings: Settings) -> int:
+def run(settings: Settings, *, version: str = "") -> int:
     """Serve in this process, or supervise `server.workers` processes sharing the port."""
     if settings.server.workers <= 1:
-        asyncio.run(serve(settings))
+        asyncio.run(serve(settings, lambda: announce_serve(settings, version)))
         return 0
+    check_bindable(settings.server.host, settings.server.port)
+    tls_context(settings.server)  # a bad certificate is one line here, not one per worker
+    announce_serve(settings, version)
     return supervise(settings)
 
 
@@ -123,10 +271,16 @@ def supervise(settings: Settings) -> int:
     )
     spawn = multiprocessing.get_context("spawn")
     stopping = False
+    forwarded = False
+    workers: list[BaseProcess] = []
 
     def stop(signum: int, frame: object) -> None:
         nonlocal stopping
         stopping = True
+        if forwarded:  # a second signal: pass it on, so each worker cuts its grace short
+            for w in workers:
+                if w.is_alive():
+                    w.terminate()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -136,7 +290,7 @@ def supervise(settings: Settings) -> int:
         proc.start()
         return proc
 
-    workers = [start() for _ in range(count)]
+    workers += [start() for _ in range(count)]
     log.info("supervising %d workers: %s", count, ", ".join(str(w.pid) for w in workers))
     last_restart = 0.0
     while not stopping:
@@ -151,6 +305,7 @@ def supervise(settings: Settings) -> int:
     for w in workers:
         if w.is_alive() and w.pid is not None:
             w.terminate()  # SIGTERM: the worker drains
+    forwarded = True
     codes = []
     for w in workers:
         w.join()

@@ -226,7 +226,8 @@ class ClientConnection:
                 await asyncio.sleep(wait)
                 await self._on_text(msg.data)
             elif msg.type is WSMsgType.BINARY:
-                # PROTOCOL 1: text frames only; RFC 6455 1003 = data it cannot accept
+                # docs/protocol.md "Endpoint and handshake": text frames only; RFC 6455 1003 = data
+                # it cannot accept
                 await self._close(WSCloseCode.UNSUPPORTED_DATA, b"binary frames are not supported")
                 return
             elif msg.type is WSMsgType.ERROR:

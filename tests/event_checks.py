@@ -1,11 +1,11 @@
 """What a spec-complete Responses event sequence is, checked event by event.
 
 Every event is validated against the openai SDK's own pydantic model for its `type` (an
-independent schema), and the sequence against the lifecycle rules of PROTOCOL 3.1 and
-CLIENTS 0.4: numbered from 0 without gaps; created, in_progress, ..., one terminal event;
-items opened before their deltas and closed after them; `.done` payloads equal to the
-concatenated deltas; the terminal `output` equal to the finished items, in order; complete
-response objects.
+independent schema), and the sequence against the lifecycle rules of docs/protocol.md "Stream
+events" and docs/clients.md "What every client needs": numbered from 0 without gaps; created,
+in_progress, ..., one terminal event; items opened before their deltas and closed after them;
+`.done` payloads equal to the concatenated deltas; the terminal `output` equal to the finished
+items, in order; complete response objects.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pydantic import BaseModel, TypeAdapter
 
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
-# Every field the Open Responses `ResponseResource` requires (CLIENTS 0.4).
+# Every field the Open Responses `ResponseResource` requires (docs/clients.md "What every client
+# needs").
 RESPONSE_FIELDS = frozenset(
     {
         "id",

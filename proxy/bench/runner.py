@@ -162,6 +162,26 @@ def _agent_in_namespace(plan: Plan, cells: list[Cell], log: Any) -> dict[str, An
         ns.close()
 
 
+def _cells(name: str, plan: Plan) -> int:
+    """How many measurement cells a scenario of `plan` runs (for the progress lines)."""
+    return {
+        "agent-loop": len(plan.cells()),  # one per (RTT, uplink) link
+        "overhead": len(plan.sizes),  # one per history size
+        "relay": len(plan.relay.connections) + 2,  # per connection count, paced, latency
+        "scale": len(plan.scale),  # one per connection count
+        "fairness": 2,  # alone, flooded
+    }.get(name, 1)
+
+
+def _count(cells: int) -> str:
+    return f"{cells} cell" if cells == 1 else f"{cells} cells"
+
+
+def _progress(line: str) -> None:
+    """A progress line on stderr, so a long run is not silent and stdout stays the report."""
+    print(f"wsmode bench: {line}", file=sys.stderr, flush=True)
+
+
 async def run(
     selected: list[str],
     plan: Plan,
@@ -179,8 +199,14 @@ async def run(
     results: dict[str, Any] = {}
     link_method = "not run"
     log(f"wsmode bench ({plan.name}): {', '.join(selected)} on {_machine()}")
-    for name in selected:
+    cells_left = sum(_cells(name, plan) for name in selected)
+    for i, name in enumerate(selected, 1):
         t0 = time.monotonic()
+        _progress(
+            f"scenario {i}/{len(selected)} {name} ({_count(_cells(name, plan))}; "
+            f"{_count(cells_left)} left in the run, {time.monotonic() - started:.0f} s so far)"
+        )
+        cells_left -= _cells(name, plan)
         log(f"[{name}]")
         if name == "agent-loop":
             results[name] = await _agent(plan, link, log)
@@ -198,6 +224,7 @@ async def run(
         elif name == "fairness":
             results[name] = await fairness.run(*plan.fairness, log)
         log(f"  ({time.monotonic() - t0:.0f} s)")
+        _progress(f"{name} done in {time.monotonic() - t0:.0f} s; {_count(cells_left)} left")
     results["method"] = _method(plan, link_method, relay_loop)
     # other processes on the machine skew throughput and tail latency; say how busy it was
     load = [round(x, 2) for x in (*load_before, *os.getloadavg())]

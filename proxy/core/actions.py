@@ -25,9 +25,10 @@ class Outcome(enum.StrEnum):
     INCOMPLETE = "incomplete"  # response.incomplete from the upstream (max tokens, ...)
     FAILED = "failed"  # response.failed, or an upstream failure the proxy reported
     REJECTED = "rejected"  # refused before the upstream was asked (a client error)
-    CANCELLED = "cancelled"  # response.cancel (PROTOCOL 2.4)
-    WARMUP = "warmup"  # generate: false (PROTOCOL 2.1): no upstream call
-    STEERED = "steered"  # ended incomplete at an item boundary for a steer (PROTOCOL 2.2)
+    CANCELLED = "cancelled"  # response.cancel (docs/protocol.md "response.cancel")
+    WARMUP = "warmup"  # generate: false (docs/protocol.md "response.create"): no upstream call
+    # ended incomplete at an item boundary for a steer (docs/protocol.md "response.steer")
+    STEERED = "steered"
 
 
 @dataclass(slots=True)  # not frozen: one is made per event, and frozen init costs twice

@@ -3,10 +3,10 @@
 Most events are the upstream's, forwarded. The proxy writes its own for warmups
 (`generate: false`), for failures it must report after `response.created` was sent, and (in
 the Chat Completions dialect) for whole streams. Those objects carry every field the Open
-Responses `ResponseResource` requires, so strict clients validate them (CLIENTS.md 0.4):
-function tools with `description`, `parameters` and `strict`, `reasoning` with `effort` and
-`summary`, `usage` with every details count. `complete_response` adds the same fields to an
-upstream's own object without changing what it sent; `failed_error` gives a failed
+Responses `ResponseResource` requires, so strict clients validate them (docs/clients.md "What every
+client needs"): function tools with `description`, `parameters` and `strict`, `reasoning` with
+`effort` and `summary`, `usage` with every details count. `complete_response` adds the same fields
+to an upstream's own object without changing what it sent; `failed_error` gives a failed
 response's `error` a code from the API's list; `listed_item` is an input item as
 `input_items` lists it.
 """

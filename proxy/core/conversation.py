@@ -1,4 +1,5 @@
-"""The response cache: what `previous_response_id` continues from (PROTOCOL.md 4.1-4.2, 8.3).
+"""The response cache: what `previous_response_id` continues from (docs/protocol.md "The connection
+cache", "Continuing and eviction", "What carries over").
 
 Each cached response holds the full item list a continuation must send to a stateless
 upstream: its parent's items, its own new input, its output. Items are kept as the bytes of
@@ -11,8 +12,8 @@ the history once, not thirty times.
 
 Bounds: entries and bytes per connection (`ResponseCache`) and process-wide
 (`CacheBudget`), least recently used evicted first. Entries that a queued request refers to
-are *pinned* and never evicted until unpinned (PROTOCOL 4.4). If the only way to fit is to
-drop the entry just added, `put` says so and the cache is as it was. Memory only.
+are *pinned* and never evicted until unpinned (docs/protocol.md "Forks"). If the only way to fit is
+to drop the entry just added, `put` says so and the cache is as it was. Memory only.
 
 Because bytes are charged per distinct segment and pinned entries cannot go, this is not
 a `ByteLRU` (proxy/core/lru.py): the recency orders below are plain lru-dict maps (C, on
@@ -215,7 +216,8 @@ class CacheBudget:
 
 
 class ResponseCache:
-    """One connection's cached responses (PROTOCOL 4.1: in memory, gone with the socket)."""
+    """One connection's cached responses (docs/protocol.md "The connection cache": in memory, gone
+    with the socket)."""
 
     _serials = itertools.count()
 

@@ -1,10 +1,10 @@
-"""The error vocabulary (PROTOCOL.md section 5), split by who made the mistake.
+"""The error vocabulary (docs/protocol.md "Errors"), split by who made the mistake.
 
 `ClientError` is the client's fault: the request is rejected, the socket stays open and no
 conversation changes. `UpstreamError` is the model server's fault (or its network's): the
-response fails, and the same-lane eviction rule of PROTOCOL 4.2 applies. Each renders the
-WebSocket `error` event (always with `status`, which Codex needs to treat it as fatal or
-retryable) and the HTTP error body. Any other exception inside the proxy is a bug.
+response fails, and the same-lane eviction rule of docs/protocol.md "Continuing and eviction"
+applies. Each renders the WebSocket `error` event (always with `status`, which Codex needs to treat
+it as fatal or retryable) and the HTTP error body. Any other exception inside the proxy is a bug.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import wire
+from .urls import missing_v1
 
 
 class ProxyError(Exception):
@@ -54,13 +55,14 @@ class ProxyError(Exception):
     def event(
         self, stream_id: str | None = None, sequence_number: int | None = None
     ) -> dict[str, Any]:
-        """The WebSocket `error` event (PROTOCOL 3.2)."""
+        """The WebSocket `error` event (docs/protocol.md "WebSocket-only events")."""
         ev: dict[str, Any] = {"type": "error", "status": self.status, "error": self.body()}
         if stream_id is not None:
             ev["stream_id"] = stream_id
         if sequence_number is not None:
             ev["sequence_number"] = sequence_number
-        if self.headers:  # Codex reads rate-limit headers at the top level (PROTOCOL 3.2)
+        # Codex reads rate-limit headers at the top level (docs/protocol.md "WebSocket-only events")
+        if self.headers:
             ev["headers"] = self.headers
         return ev
 
@@ -117,8 +119,9 @@ class ServerShuttingDown(ProxyError):
 
 class ClientTooSlow(ProxyError):
     """The client read nothing for `server.send_timeout` while a response was being written:
-    the response is cancelled upstream and fails, as an upstream failure would (PROTOCOL
-    4.2's eviction included); the client finds the events once it reads again."""
+    the response is cancelled upstream and fails, as an upstream failure would (the
+    eviction of docs/protocol.md "Continuing and eviction" included); the client finds the events
+    once it reads again."""
 
     status = 408
     type = "invalid_request_error"
@@ -206,14 +209,15 @@ def upstream_redirect(status: int) -> UpstreamError:
 
 
 def upstream_http_error(
-    status: int, body: bytes, headers: Mapping[str, str] | None = None
+    status: int, body: bytes, headers: Mapping[str, str] | None = None, url: str | None = None
 ) -> UpstreamError:
     """Turn an upstream's non-2xx answer into our error, keeping its status and error body.
 
     OpenAI-compatible servers answer `{"error": {message, type, param, code}}`; some answer
     `{"error": "text"}`, `{"detail": ...}` or plain text. Whatever arrived is preserved as
     far as the envelope allows, so the client sees the upstream's own words, and its
-    rate-limit headers (`rate_limit_headers`).
+    rate-limit headers (`rate_limit_headers`). With `url` (redacted), a 404 or 405, or an
+    answer without an error object, also says which server answered.
     """
     message = body.decode("utf-8", "replace").strip()[:2000] or f"upstream answered HTTP {status}"
     code: str | None = None
@@ -233,6 +237,14 @@ def upstream_http_error(
                 etype = err["type"]
         elif isinstance(err, str):
             message = err
+    worded = isinstance(doc, dict) and isinstance(doc.get("error", doc.get("detail")), dict)
+    if url is not None and (status in (404, 405) or not worded):
+        # which server answered: a wrong base URL (404 to every request) shows itself. An
+        # upstream's own error object otherwise (a 429, a 400) passes on as it was written.
+        said = f"the upstream at {url} answered HTTP {status}"
+        message = f"{message} ({said})" if body.strip() else said
+        if status == 404 and missing_v1(url) is not None:
+            message += "; its base URL has no /v1, which OpenAI-compatible servers need"
     return UpstreamError(
         message,
         status=status,

@@ -5,7 +5,7 @@ the items the turn adds (a steer's input included) and its cost never grows with
 conversation. A guard is any object with `check(turn) -> ClientError | None`; the session
 runs them in order when the run starts, after the tool-output check, and the first refusal
 ends the run: a 400 `error`, no upstream request, and, as for any failed continuation, the
-parent evicted on its lane (PROTOCOL 4.2).
+parent evicted on its lane (docs/protocol.md "Continuing and eviction").
 
 Built in (configured in `[guards]`, put together by proxy/build.py):
 

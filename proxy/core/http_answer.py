@@ -16,7 +16,7 @@ that closed, a silence) goes in through `fail`. What comes back is a `Write`: SS
 `start` set on the first, when the adapter starts the 200 event stream. At the end `final()`
 is the whole answer (`Reply`) unless an event stream was started.
 
-What the client gets is what the HTTP API answers (PROTOCOL 8.1):
+What the client gets is what the HTTP API answers (docs/protocol.md "HTTP SSE"):
 
 - `stream: true`: every event as one SSE event, `event: <type>` then `data: <json>` and a
   blank line (no `id:`, no `[DONE]`). Nothing is written before the first event that is not
@@ -25,25 +25,26 @@ What the client gets is what the HTTP API answers (PROTOCOL 8.1):
   `response.incomplete`; `response.failed` is an HTTP error whose status comes from its
   `error.code` (`status_of_code`), or from its `error.wsmode_code` when the proxy failed
   it (the API's code on the wire is then `server_error`; its own, more exact, rides along).
-- an `error` event (the WebSocket envelope of PROTOCOL 3.2, or the HTTP variant of 8.1)
+- an `error` event (the WebSocket envelope of docs/protocol.md "WebSocket-only events", or the HTTP
+  variant of "HTTP SSE")
   before anything was written: its `status` (else the one of its code), the HTTP error body
   `{"error": {message, type, param, code}}` and the headers it names (Codex puts rate-limit
-  headers at the top level and in `error.headers`, 3.2); after the stream began: the HTTP SSE
+  headers at the top level and in `error.headers`); after the stream began: the HTTP SSE
   `error` event, code, message and param at the top level.
 
-The first terminal or `error` event decides the answer (8.1: the first terminal event ends
-the response). Later events change nothing, except that a started stream still carries them:
-the proxy's own failures follow `response.failed` with an `error` (PROTOCOL 5.1) and an SSE
-client sees both.
+The first terminal or `error` event decides the answer ("HTTP SSE": the first terminal event
+ends the response). Later events change nothing, except that a started stream still carries them:
+the proxy's own failures follow `response.failed` with an `error` (docs/protocol.md "Errors") and an
+SSE client sees both.
 
 Status mapping
 --------------
 One table for an `error` event without a usable `status` and for the `error.code` of a
 `response.failed` (which has no status of its own): `STATUS_OF_CODE`, then the prefixes in
 `_STATUS_OF_PREFIX`, then, for `error` events, the error's `type`; anything else is 500.
-The codes are OpenAI's (PROTOCOL 5.1 and the `ResponseError` codes of a failed response)
-and the proxy's own (`core/errors.py` and its callers), each with the status the API or the
-proxy gives it.
+The codes are OpenAI's (docs/protocol.md "Errors" and the `ResponseError` codes of a failed
+response) and the proxy's own (`core/errors.py` and its callers), each with the status the API or
+the proxy gives it.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from .api_objects import TERMINAL_TYPES
 
 STATUS_OF_CODE: Mapping[str, int] = MappingProxyType(
     {
-        # the request itself (PROTOCOL 5.1, and the proxy's ClientErrors)
+        # the request itself (docs/protocol.md "Errors", and the proxy's ClientErrors)
         "invalid_request_error": 400,
         "previous_response_not_found": 400,
         "invalid_stream_id": 400,
@@ -75,7 +76,7 @@ STATUS_OF_CODE: Mapping[str, int] = MappingProxyType(
         "model_not_found": 404,
         "not_found": 404,  # a stored response that does not exist
         "client_too_slow": 408,
-        # rate limits and quotas (PROTOCOL 5.1)
+        # rate limits and quotas (docs/protocol.md "Errors")
         "rate_limit_exceeded": 429,
         "insufficient_quota": 429,
         "usage_limit_reached": 429,
@@ -100,7 +101,8 @@ STATUS_OF_CODE: Mapping[str, int] = MappingProxyType(
 # `image_too_large`, `unsupported_value`, ... are the request's; other `upstream_*` codes
 # say the proxy's upstream broke.
 _STATUS_OF_PREFIX = (("invalid_", 400), ("image_", 400), ("unsupported_", 400), ("upstream_", 502))
-# An error's `type` when its code says nothing (PROTOCOL 3.2 example: `usage_limit_reached`).
+# An error's `type` when its code says nothing (docs/protocol.md "WebSocket-only events" example:
+# `usage_limit_reached`).
 _STATUS_OF_TYPE: Mapping[str, int] = MappingProxyType(
     {"invalid_request_error": 400, "rate_limit_error": 429, "usage_limit_reached": 429}
 )
@@ -129,7 +131,7 @@ class Reply:
 
 
 def sse(kind: str, data: bytes) -> bytes:
-    """One SSE event (PROTOCOL 8.1): `data` must be one line of JSON."""
+    """One SSE event (docs/protocol.md "HTTP SSE"): `data` must be one line of JSON."""
     return b"".join((b"event: ", kind.encode(), b"\ndata: ", data, b"\n\n"))
 
 
@@ -152,8 +154,9 @@ def status_of_code(code: object) -> int:
 
 
 def error_object(ev: dict[str, Any]) -> dict[str, Any]:
-    """The `error` object of an error event: nested in the WebSocket envelope (PROTOCOL 3.2),
-    or code, message and param at the top level in the HTTP SSE variant (8.1)."""
+    """The `error` object of an error event: nested in the WebSocket envelope (docs/protocol.md
+    "WebSocket-only events"), or code, message and param at the top level in the HTTP SSE variant
+    ("HTTP SSE")."""
     raw = ev.get("error")
     if isinstance(raw, dict):
         return raw
@@ -161,7 +164,7 @@ def error_object(ev: dict[str, Any]) -> dict[str, Any]:
 
 
 def error_status(ev: dict[str, Any], err: dict[str, Any]) -> int:
-    """An `error` event's HTTP status: its `status` (Codex also accepts `status_code`, 3.2)
+    """An `error` event's HTTP status: its `status` (Codex also accepts `status_code`)
     when it is an error status, else its code's, else its type's, else 500."""
     status = ev.get("status", ev.get("status_code"))
     if wire.is_int(status) and 400 <= status <= 599:
@@ -172,8 +175,8 @@ def error_status(ev: dict[str, Any], err: dict[str, Any]) -> int:
 
 
 def error_reply(ev: dict[str, Any]) -> Reply:
-    """An `error` event as the HTTP error answer (PROTOCOL 8.1). The error object keeps its
-    own fields in its own order (the upstream's words); the four the HTTP body always has
+    """An `error` event as the HTTP error answer (docs/protocol.md "HTTP SSE"). The error object
+    keeps its own fields in its own order (the upstream's words); the four the HTTP body always has
     are filled in when missing. Its headers go on the answer, not in the body."""
     err = error_object(ev)
     status = error_status(ev, err)
@@ -203,7 +206,7 @@ def http_error_event(
     code: str | None, message: str | None, param: str | None, sequence_number: int | None
 ) -> dict[str, Any]:
     """The HTTP SSE `error` event: code, message and param at the top level, no `status`
-    (PROTOCOL 8.1; the WebSocket envelope nests them under `error`, 3.2)."""
+    (docs/protocol.md "HTTP SSE"; the WebSocket envelope nests them under `error`, 3.2)."""
     ev: dict[str, Any] = {"type": "error", "code": code, "message": message, "param": param}
     if sequence_number is not None:
         ev["sequence_number"] = sequence_number

@@ -18,10 +18,10 @@ class SessionLimits:
     """A connection's limits, and the config's [limits] section as it is (proxy/config.py
     imports it; field names are the config keys)."""
 
-    max_active_per_connection: int = 16  # in-flight responses (PROTOCOL 4.3)
+    max_active_per_connection: int = 16  # in-flight responses (docs/protocol.md "Lanes")
     max_lanes_per_connection: int = 32  # distinct named stream_ids
     max_queued_per_connection: int = 256  # creates waiting
-    steering: bool = True  # emulate response.steer (PROTOCOL 2.2)
+    steering: bool = True  # emulate response.steer (docs/protocol.md "response.steer")
     max_pending_steers: int = 8  # steers queued on one response (too_many_pending_steers)
     # bytes of the creates waiting on one connection (too_many_queued_requests beyond it)
     max_queued_bytes_per_connection: int = 64 * MiB

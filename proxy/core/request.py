@@ -1,10 +1,12 @@
-"""`response.create` validation and the upstream request body (PROTOCOL.md 2.1, 8.2, 8.3).
+"""`response.create` validation and the upstream request body (docs/protocol.md "response.create",
+"HTTP and WebSocket side by side", "What carries over").
 
 A create is validated once, on arrival, into a `CreateRequest`: the lane, the chaining
 fields, the new input items already serialised, and the settings to send upstream. Fields
 that only make sense on the socket or to the client (`type`, `stream_id`, `generate`,
 `client_metadata`, `stream`, `background`) never reach the upstream. Other unknown fields are
-kept: a Responses upstream may know them (PROTOCOL 2.1: ignore, do not reject).
+kept: a Responses upstream may know them (docs/protocol.md "response.create": ignore, do not
+reject).
 
 The upstream body for a continuation is the parent's items plus the new input, with the new
 request's own settings: `instructions`, `tools` and the rest are never inherited (8.3). It
@@ -69,7 +71,8 @@ class CreateRequest:
 
 
 def check_stream_id(value: object) -> str | None:
-    """Validate a `stream_id` (PROTOCOL 2.1, 5.1). The bad value is never echoed back."""
+    """Validate a `stream_id` (docs/protocol.md "response.create", "Errors"). The bad value is never
+    echoed back."""
     if value is None:
         return None
     if not isinstance(value, str) or not STREAM_ID_RE.fullmatch(value):

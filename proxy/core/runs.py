@@ -111,8 +111,8 @@ class Run:
 
     def lane_frame(self, frame: bytes) -> bytes:
         """An upstream event as the client gets it: on the run's lane, its number shifted
-        past the events the proxy inserted (steer events, PROTOCOL 2.2). Per event: cheap
-        when there is no lane and no offset."""
+        past the events the proxy inserted (steer events, docs/protocol.md "response.steer"). Per
+        event: cheap when there is no lane and no offset."""
         if self.seq_offset:
             ev = wire.loads(frame)
             if isinstance(ev.get("sequence_number"), int):
@@ -134,8 +134,8 @@ def streaming(runs: Iterable[Run], response_id: str) -> Run | None:
 
 
 def cancel_target(runs: Iterable[Run], response_id: object, lane: str | None) -> Run:
-    """The run a `response.cancel` names (PROTOCOL 2.4, 10.1): the streaming response
-    `response_id`, or without one the run in flight on `lane`. Raises ClientError."""
+    """The run a `response.cancel` names (docs/protocol.md "response.cancel"): the streaming
+    response `response_id`, or without one the run in flight on `lane`. Raises ClientError."""
     if response_id is not None and not isinstance(response_id, str):
         raise ClientError(
             "'response_id' must be a string.", code="invalid_type", param="response_id"

@@ -8,19 +8,19 @@ The adapter feeds happenings in (`client_message`, `create`, `upstream_event`,
 (proxy/core/actions.py). Nothing here waits or touches a socket, and the adapter makes no
 protocol decision of its own. The HTTP front runs one create through a session of its own.
 
-A `response.create` is validated on arrival (PROTOCOL 2.1) and becomes a `Run` queued on its
-lane (`RunCreated` tells the adapter). Lanes are FIFO and never overlap; different lanes run
-concurrently up to `max_active` runs per connection, further creates wait (4.3); the bytes of
-the waiting creates count against the connection's bound and the process `MemoryBudget`
-(proxy/core/memory.py), and a create past either gets `too_many_queued_requests`. A run
-starts when it reaches the head of its lane and a slot is free; only then is
-`previous_response_id` resolved (connection cache first, then the store), because the
+A `response.create` is validated on arrival (docs/protocol.md "response.create") and becomes a `Run`
+queued on its lane (`RunCreated` tells the adapter). Lanes are FIFO and never overlap; different
+lanes run concurrently up to `max_active` runs per connection, further creates wait
+(docs/protocol.md "Lanes"); the bytes of the waiting creates count against the connection's bound
+and the process `MemoryBudget` (proxy/core/memory.py), and a create past either gets
+`too_many_queued_requests`. A run starts when it reaches the head of its lane and a slot is free;
+only then is `previous_response_id` resolved (connection cache first, then the store), because the
 parent may be the response that ran just before it. A remote store (Redis, docs/store.md)
 is never called from here: the run waits in LOADING while the adapter executes a
 `LoadStored` and hands the answer back (`stored_loaded`), and a stored response is written
 by a `SaveStored` placed before its terminal event. A fork whose parent is still in flight
 on another lane waits at the head of its lane until that run ends. A parent that a queued
-run refers to is pinned in the cache until the run starts (4.4).
+run refers to is pinned in the cache until the run starts (docs/protocol.md "Forks").
 
 A run's states and their legal moves are the table in proxy/core/runs.py; every run ends in
 `_end`, the one path that frees its lane, settles its steers, reports its `Outcome` and
@@ -46,10 +46,11 @@ cached response records both, so every turn of a chain follows it (upstream/pool
 
 On a terminal `completed` or `incomplete` the run's whole item list (parent items, new input,
 output) is cached under the response id. On any failure of a continuation the parent is
-evicted when it belongs to the same lane, and kept for a cross-lane fork (4.2). Errors the
-client caused, and cancels, never change the cache, with one exception: new input refused
-when the run starts (a tool output that answers no call of the conversation, an input guard:
-core/guards.py) fails the continuation as OpenAI's would, and evicts the parent likewise.
+evicted when it belongs to the same lane, and kept for a cross-lane fork (docs/protocol.md
+"Continuing and eviction"). Errors the client caused, and cancels, never change the cache, with one
+exception: new input refused when the run starts (a tool output that answers no call of the
+conversation, an input guard: core/guards.py) fails the continuation as OpenAI's would, and evicts
+the parent likewise.
 """
 
 from __future__ import annotations
@@ -278,10 +279,11 @@ class Session:
         return out
 
     def client_gone(self) -> list[Action]:
-        """The socket closed: abandon everything, cache included (PROTOCOL 4.5).
+        """The socket closed: abandon everything, cache included (docs/protocol.md "After a
+        reconnect").
 
         The runs end silently: nobody is left to receive an event, and queued steer input
-        exists only on this connection (2.2 step 5)."""
+        exists only on this connection (docs/protocol.md "response.steer" step 5)."""
         self.closed = True
         runs = list(self._runs.values())
         out: list[Action] = [CancelUpstream(r.id) for r in runs if r.state in _IN_FLIGHT]
@@ -293,8 +295,8 @@ class Session:
         return out
 
     def lifetime_over(self) -> list[Action]:
-        """The connection's lifetime is up (PROTOCOL 6): start nothing new; once no response
-        is in flight, send `websocket_connection_limit_reached` and close with 1001. Never
+        """The connection's lifetime is up (docs/protocol.md "Limits"): start nothing new; once no
+        response is in flight, send `websocket_connection_limit_reached` and close with 1001. Never
         in the middle of a response."""
         self.expiring = True
         return self._maybe_close()
@@ -351,7 +353,8 @@ class Session:
                 )
             self._check_queued_bytes(nbytes)
         except ClientError as err:
-            # an invalid stream_id is never echoed (PROTOCOL 5.1); a valid one always is
+            # an invalid stream_id is never echoed (docs/protocol.md "Errors"); a valid one always
+            # is
             echo = lane if err.code != "invalid_stream_id" else None
             return self._reject(err, echo)
         if lane is not None:
@@ -396,7 +399,8 @@ class Session:
             self.memory.queued -= nbytes
 
     def _spawn(self, run: Run) -> list[Action]:
-        """Queue a steer's automatic successor first in its lane (PROTOCOL 2.2)."""
+        """Queue a steer's automatic successor first in its lane (docs/protocol.md
+        "response.steer")."""
         self._runs[run.id] = run
         self._queue.appendleft(run)
         return [RunCreated(run.id)]
@@ -436,8 +440,8 @@ class Session:
 
     def _awaits_parent(self, run: Run) -> bool:
         """A fork from a response still in flight on another lane waits until that run
-        ends, as a continuation on the parent's own lane waits behind it (PROTOCOL 4.4); it
-        then starts from the cached parent, or gets the `previous_response_not_found` a
+        ends, as a continuation on the parent's own lane waits behind it (docs/protocol.md "Forks");
+        it then starts from the cached parent, or gets the `previous_response_not_found` a
         same-lane continuation would get if the parent failed or was cancelled."""
         rid = run.req.previous_response_id
         if not rid or rid in self.cache:
@@ -489,7 +493,8 @@ class Session:
             self.steering.apply_waiting(run)
         req = run.req
         refused = self._check_input(run)
-        if refused is not None:  # a failed continuation: the parent goes (PROTOCOL 4.2)
+        # a failed continuation: the parent goes (docs/protocol.md "Continuing and eviction")
+        if refused is not None:
             self._evict_parent(run)
             why = refused.code or "no_tool_call"
             frame = self._error_frame(refused, req.lane)
@@ -528,8 +533,8 @@ class Session:
         return [*out, start]
 
     def _compact_now(self, run: Run) -> list[Action]:
-        """A `compaction_trigger` (PROTOCOL 7, proxy/core/context/trigger.py): the response
-        is the compaction of the conversation so far, written here; the trigger and the
+        """A `compaction_trigger` (docs/protocol.md "Compaction", proxy/core/context/trigger.py):
+        the response is the compaction of the conversation so far, written here; the trigger and the
         compaction never reach the upstream, only the summarising requests do."""
         assert self.context is not None
         req = run.req
@@ -631,7 +636,8 @@ class Session:
         run = self._runs.get(run_id)
         if run is None:
             return []
-        self._evict_parent(run)  # a failed continuation (PROTOCOL 4.2)
+        # a failed continuation (docs/protocol.md "Continuing and eviction")
+        self._evict_parent(run)
         outcome = Outcome.REJECTED if isinstance(err, ClientError) else Outcome.FAILED
         why = err.code or "moderation"
         return [Send(self._error_frame(err, run.req.lane)), *self._end(run, outcome, refused=why)]
@@ -657,7 +663,8 @@ class Session:
         return self.store is not None and self.store.get(rid, self.owner) is not None
 
     def _lookup(self, rid: str) -> CachedResponse | None:
-        """PROTOCOL 4.2: the connection cache first, then the store (stored responses only)."""
+        """docs/protocol.md "Continuing and eviction": the connection cache first, then the store
+        (stored responses only)."""
         entry = self.cache.get(rid)
         if entry is None and self.store is not None:
             stored = self.store.get(rid, self.owner)
@@ -718,8 +725,8 @@ class Session:
         )
 
     def _warmup(self, run: Run) -> list[Action]:
-        """`generate: false` (PROTOCOL 2.1): created + completed, no upstream call; the input
-        is cached under the new id so the next turn chains from it."""
+        """`generate: false` (docs/protocol.md "response.create"): created + completed, no upstream
+        call; the input is cached under the new id so the next turn chains from it."""
         req = run.req
         now = int(self.clock())
         rid = self.new_id("resp")
@@ -749,7 +756,8 @@ class Session:
         if stream.outcome in ("completed", "incomplete") and rid:
             output = [wire.dumps_kept(item) for item in stream.output]
             frames = [*self._remember(run, rid, output, stream.response or {}), *frames]
-            if run.steers:  # it ended before a boundary came (PROTOCOL 2.2 steps 2 and 4)
+            # it ended before a boundary came (docs/protocol.md "response.steer" steps 2 and 4)
+            if run.steers:
                 sends, successor = self.steering.after_end(run, rid, self._queue)
                 out += sends
                 if successor is not None:
@@ -765,8 +773,9 @@ class Session:
         protocol's terms, evict, move on.
 
         If the client already saw `response.created`, it is owed a terminal event, so a
-        `response.failed` precedes the `error` (PROTOCOL 5.1, 8.4). `announce=False`: the
-        event that failed the run was its first response object, never forwarded."""
+        `response.failed` precedes the `error` (docs/protocol.md "Errors", "Chat Completions
+        upstreams"). `announce=False`: the event that failed the run was its first response object,
+        never forwarded."""
         out: list[Action] = []
         stream = run.stream
         seq: int | None = None
@@ -786,8 +795,9 @@ class Session:
         return out + self._end(run, Outcome.FAILED, rid)
 
     def _interrupt(self, run: Run) -> list[Action]:
-        """A steer reached an item boundary (PROTOCOL 2.2 step 2): end `incomplete` (reason
-        `steered`) with the finished items, cache that, and queue the successor."""
+        """A steer reached an item boundary (docs/protocol.md "response.steer" step 2): end
+        `incomplete` (reason `steered`) with the finished items, cache that, and queue the
+        successor."""
         stream = run.stream
         assert stream is not None and stream.response is not None and stream.response_id
         rid, items = stream.response_id, stream.finished_items()
@@ -814,9 +824,9 @@ class Session:
         refused: str | None = None,
     ) -> list[Action]:
         """The one end of every run: DONE, forgotten, its lane free; then the
-        `response.steer.failed` owed to its steers (PROTOCOL 2.2: an undelivered successor's
-        steers fail with `successor_creation_failed`, steers still pending on it with
-        `response_not_active`), its `Finished`, and whatever can start now. `silent` (the
+        `response.steer.failed` owed to its steers (docs/protocol.md "response.steer": an
+        undelivered successor's steers fail with `successor_creation_failed`, steers still pending
+        on it with `response_not_active`), its `Finished`, and whatever can start now. `silent` (the
         client is gone) skips everything that speaks to the client."""
         run.move(RunState.DONE)
         del self._runs[run.id]
@@ -886,11 +896,12 @@ class Session:
         return [SaveStored(run.id, stored, self.owner)]
 
     def _evict_parent(self, run: Run) -> None:
-        """PROTOCOL 4.2: a failed same-lane continuation evicts its parent; a fork keeps it."""
+        """docs/protocol.md "Continuing and eviction": a failed same-lane continuation evicts its
+        parent; a fork keeps it."""
         if run.parent is not None and run.parent.lane == run.req.lane:
             self.cache.evict(run.parent.id)
 
-    # ------------------------------------------------------------ steering (2.2)
+    # ------------------------------------------------------------ steering
 
     def _steer(self, msg: dict[str, Any]) -> list[Action]:
         target = msg.get("previous_response_id")
@@ -903,8 +914,8 @@ class Session:
     # ------------------------------------------------------------ cancel (extension)
 
     def _cancel(self, msg: dict[str, Any]) -> list[Action]:
-        """`response.cancel` (a wsmode extension; PROTOCOL 2.4, 10.1): stop an in-flight
-        response. It ends with `response.incomplete` whose status is `cancelled` (and no
+        """`response.cancel` (a wsmode extension; docs/protocol.md "response.cancel"): stop an
+        in-flight response. It ends with `response.incomplete` whose status is `cancelled` (and no
         `incomplete_details`: the API's reasons do not include a cancel); the cache is
         untouched (the parent stays, the cancelled response is not cached)."""
         lane: str | None = None

@@ -1,4 +1,4 @@
-"""Mid-turn steering, emulated for stateless upstreams (PROTOCOL.md 2.2, 3.2).
+"""Mid-turn steering, emulated for stateless upstreams (docs/protocol.md "response.steer").
 
 No stateless model server can take new input into a running generation, so the proxy does
 what the steering contract allows: it accepts the input at once (`response.steer.accepted`),
@@ -58,7 +58,7 @@ class Steer:
 
 def parse_steer(msg: dict[str, Any]) -> SteerRequest:
     """Validate a `response.steer`: exactly `type`, `previous_response_id`, `input`, where
-    input is a string or a non-empty list of user messages (PROTOCOL 2.2)."""
+    input is a string or a non-empty list of user messages (docs/protocol.md "response.steer")."""
     extra = sorted(set(msg) - ALLOWED_FIELDS)
     if extra:
         raise SteerRejected("invalid_input", f"Unexpected field '{extra[0]}' in response.steer.")
@@ -84,8 +84,8 @@ def parse_steer(msg: dict[str, Any]) -> SteerRequest:
 
 
 class Steering:
-    """The steering state of one connection (PROTOCOL 2.2). Queued steer input exists only
-    on this connection (step 5): `clear` forgets it when the socket goes."""
+    """The steering state of one connection (docs/protocol.md "response.steer"). Queued steer input
+    exists only on this connection (step 5): `clear` forgets it when the socket goes."""
 
     def __init__(
         self,
@@ -161,9 +161,10 @@ class Steering:
         return [Send(wire.dumps(accepted_event(steer, seq)))], True
 
     def _target_lane(self, target: Any, run: Run | None, runs: Collection[Run]) -> str | None:
-        """The lane of the steered response, when it is known here (PROTOCOL 3.2: a failed
-        steer carries `stream_id` when its target is known and had a named lane): running,
-        finished and cached, waiting with steers, or ended by a run still in flight."""
+        """The lane of the steered response, when it is known here (docs/protocol.md
+        "response.steer": a failed steer carries `stream_id` when its target is known and had a
+        named lane): running, finished and cached, waiting with steers, or ended by a run still in
+        flight."""
         if run is not None:
             return run.req.lane
         if not isinstance(target, str):
@@ -201,8 +202,8 @@ class Steering:
 
     def successor(self, run: Run, rid: str, steers: list[Steer]) -> Run:
         """The automatic successor of `run` (ended as `rid`) carrying `steers`' input: it
-        inherits the parent's settings (PROTOCOL 2.2 step 3); the session queues it first
-        in its lane."""
+        inherits the parent's settings (docs/protocol.md "response.steer" step 3); the session
+        queues it first in its lane."""
         body = {**run.req.body, "previous_response_id": rid, "input": []}
         body.pop("generate", None)
         req = parse_create(body)
@@ -247,13 +248,13 @@ class Steering:
 
 
 # The calls a response leaves to the client, as the upstreams wsmode fronts make them
-# (PROTOCOL 3.2 `required_input`): each maps to the type of the item that answers it and
-# the fields of the call its stub names.
+# (docs/protocol.md "response.steer" step 4, `required_input`): each maps to the type of the item
+# that answers it and the fields of the call its stub names.
 CLIENT_CALLS: dict[str, tuple[str, tuple[str, ...]]] = {
     "function_call": ("function_call_output", ("call_id", "name")),
     "custom_tool_call": ("custom_tool_call_output", ("call_id",)),
 }
-# every item that answers a call or an approval request (the stubs PROTOCOL 3.2 lists)
+# every item that answers a call or an approval request (docs/protocol.md "response.steer" step 4)
 _ANSWERS = frozenset(
     {
         "function_call_output",
@@ -284,7 +285,7 @@ def _leading_tool_outputs(items: tuple[bytes, ...]) -> int:
 
 def at_boundary(run: Run) -> bool:
     """Between output items, and no call for the client emitted (then the response must end
-    for the client's tool output, and the steer waits: PROTOCOL 2.2 step 4)."""
+    for the client's tool output, and the steer waits: docs/protocol.md "response.steer" step 4)."""
     stream = run.stream
     if stream is None or stream.response is None or stream.open_items:
         return False
@@ -295,7 +296,7 @@ def at_boundary(run: Run) -> bool:
 
 def steered_response(response: dict[str, Any], items: list[Any]) -> dict[str, Any]:
     """The response a steer interrupted: `incomplete` with reason `steered`, keeping the
-    finished output items (PROTOCOL 2.2 step 2)."""
+    finished output items (docs/protocol.md "response.steer" step 2)."""
     return {
         **response,
         "status": "incomplete",
@@ -314,7 +315,8 @@ _FAILED_MESSAGES = {
 
 
 def steers_failed(steers: list[Steer], code: str) -> list[Action]:
-    """`response.steer.failed` for accepted steers (their ids are reused: PROTOCOL 3.2)."""
+    """`response.steer.failed` for accepted steers (their ids are reused: docs/protocol.md
+    "response.steer")."""
     return [
         Send(
             wire.dumps(

@@ -1,4 +1,5 @@
-"""The response store: responses that outlive their socket (PROTOCOL 4.2 step 2, 4.5).
+"""The response store: responses that outlive their socket (docs/protocol.md "The response store",
+"After a reconnect").
 
 Responses created with `store` not false (the API's default) are kept here as well as in
 their connection's cache, so `previous_response_id` works from another connection (the

@@ -8,9 +8,11 @@ still sees which user it is), or a lone user name replaced, since that is the cr
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit, urlunsplit
 
 REDACTED = "<redacted>"
+_VERSION = re.compile(r"v\d+[a-z0-9]*")
 
 
 def redact_url(url: str) -> str:
@@ -29,3 +31,20 @@ def redact_url(url: str) -> str:
         return urlunsplit(parts._replace(netloc=f"{REDACTED}@{host}"))
     name = user.partition(":")[0]
     return urlunsplit(parts._replace(netloc=f"{name}:{REDACTED}@{host}"))
+
+
+def missing_v1(url: str) -> str | None:
+    """A warning when a base URL's path has no `/v1` segment (OpenAI-compatible servers,
+    vLLM, llama.cpp and Ollama among them, serve the API under `/v1`), else None."""
+    try:
+        path = urlsplit(url).path
+    except ValueError:
+        return None
+    if any(_VERSION.fullmatch(seg) for seg in path.split("/")):
+        return None  # /v1, or another API version (Gemini's /v1beta/openai)
+    return (
+        f"the upstream URL {redact_url(url)} has no /v1 in its path: OpenAI-compatible servers "
+        f"(vLLM, llama.cpp, Ollama, OpenAI) serve the API under /v1, so requests to "
+        f"{redact_url(url.rstrip('/'))}/responses will likely answer 404; did you mean "
+        f"{redact_url(url.rstrip('/'))}/v1?"
+    )

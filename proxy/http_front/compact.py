@@ -1,4 +1,4 @@
-"""`POST /v1/responses/compact` for stateless upstreams (PROTOCOL 7).
+"""`POST /v1/responses/compact` for stateless upstreams (docs/protocol.md "Compaction").
 
 The body is a create's (`model` required, `input` and/or `previous_response_id` from the
 caller's stored responses, `instructions`). The proxy asks the upstream model to summarise

@@ -4,8 +4,8 @@ A request runs as a one-shot `Session`, so HTTP clients get the same rebuilt req
 upstream error handling and response store: `previous_response_id` works against a stateless
 upstream when the parent was stored. What the client gets is built by
 `core.http_answer.HttpAnswer` from the session's events, as the sidecar builds its answers
-(PROTOCOL 8.1): Server-Sent Events for `stream: true`, otherwise the terminal response
-object; an error before the first event is an HTTP status and error body.
+(docs/protocol.md "HTTP SSE"): Server-Sent Events for `stream: true`, otherwise the terminal
+response object; an error before the first event is an HTTP status and error body.
 
 A client that leaves gets its handler cancelled by aiohttp (`app.HANDLER_CANCELLATION`) or
 its next write fails; either way the upstream request is closed at once and the middleware

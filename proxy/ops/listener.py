@@ -7,6 +7,8 @@ loop busy re-failing. Here one task accepts: when the process is out of descript
 memory for sockets) it stops accepting for a while, starting at 50 ms and doubling up to
 1 s, logging one warning per pause; waiting connections stay in the kernel's backlog until
 descriptors free up (a closed WebSocket, a connection cut by `server.header_timeout`).
+With a TLS context (`server.tls_cert_file`), each accepted connection's handshake runs in a
+task of its own, so a slow or silent client never holds up the accept loop.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 import errno
 import logging
 import socket
+import ssl
 
 from aiohttp import web
 
@@ -31,10 +34,13 @@ class _AcceptServer(asyncio.AbstractServer):
     (one per address of the host, as `loop.create_server` binds) and a task accepting on
     each."""
 
-    def __init__(self, socks: list[socket.socket], factory: web.Server) -> None:
+    def __init__(
+        self, socks: list[socket.socket], factory: web.Server, tls: ssl.SSLContext | None = None
+    ) -> None:
         self._socks = socks
         self._tasks = [
-            asyncio.create_task(self._accept(sock, factory), name="wsmode-accept") for sock in socks
+            asyncio.create_task(self._accept(sock, factory, tls), name="wsmode-accept")
+            for sock in socks
         ]
 
     @property
@@ -65,7 +71,7 @@ class _AcceptServer(asyncio.AbstractServer):
         await self.wait_closed()
 
     @staticmethod
-    async def _accept(sock: socket.socket, factory: web.Server) -> None:
+    async def _accept(sock: socket.socket, factory: web.Server, tls: ssl.SSLContext | None) -> None:
         loop = asyncio.get_running_loop()
         pause = _FIRST_PAUSE
         while True:
@@ -86,11 +92,28 @@ class _AcceptServer(asyncio.AbstractServer):
                     log.info("accept failed: %s", exc)
                 continue
             pause = _FIRST_PAUSE
-            try:
-                await loop.connect_accepted_socket(factory, conn)
-            except OSError as exc:
-                log.info("accepted connection failed: %s", exc)
-                conn.close()
+            if tls is None:
+                await _connect(loop, factory, conn, None)
+            else:  # a TLS handshake takes round trips: never make the next client wait for it
+                task = asyncio.create_task(_connect(loop, factory, conn, tls))
+                _HANDSHAKES.add(task)
+                task.add_done_callback(_HANDSHAKES.discard)
+
+
+_HANDSHAKES: set[asyncio.Task[None]] = set()  # TLS handshakes under way (held, not collected)
+
+
+async def _connect(
+    loop: asyncio.AbstractEventLoop,
+    factory: web.Server,
+    conn: socket.socket,
+    tls: ssl.SSLContext | None,
+) -> None:
+    try:
+        await loop.connect_accepted_socket(factory, conn, ssl=tls)
+    except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError: a failed handshake
+        log.info("accepted connection failed: %s", exc)
+        conn.close()
 
 
 class Listener(web.BaseSite):
@@ -99,9 +122,15 @@ class Listener(web.BaseSite):
     __slots__ = ("_accept", "_host", "_port", "_reuse_port")
 
     def __init__(
-        self, runner: web.BaseRunner, host: str, port: int, *, reuse_port: bool = False
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        *,
+        reuse_port: bool = False,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        super().__init__(runner)
+        super().__init__(runner, ssl_context=ssl_context)
         self._host = host
         self._port = port
         self._reuse_port = reuse_port
@@ -109,7 +138,8 @@ class Listener(web.BaseSite):
 
     @property
     def name(self) -> str:
-        return f"http://{self._host}:{self._port}"
+        scheme = "https" if self._ssl_context is not None else "http"
+        return f"{scheme}://{self._host}:{self._port}"
 
     async def start(self) -> None:
         await super().start()
@@ -133,7 +163,7 @@ class Listener(web.BaseSite):
             for sock in socks:
                 sock.close()
             raise
-        self._accept = _AcceptServer(socks, server)
+        self._accept = _AcceptServer(socks, server, self._ssl_context)
         self._server = self._accept
 
     async def stop(self) -> None:

@@ -8,7 +8,8 @@
 1. a request id: the client's `x-request-id` when it is sane, else a new one; returned on
    every response (the WebSocket 101 included) and sent upstream (`request_id_var`);
 2. while draining, every new request but /healthz, /readyz and /metrics gets 503;
-3. proxy auth (`auth.*`): a missing or wrong key gets 401, on a WebSocket upgrade too;
+3. proxy auth (`auth.*`): a missing or wrong key gets 401, on a WebSocket upgrade too, and a
+   WARNING line (never the key; rate-limited like every repeated warning);
    more than one `Authorization` header gets 400, auth on or off;
 4. `server.max_connections`: an upgrade beyond it gets 503 before the handshake, so no
    socket is ever opened only to be shed;
@@ -113,7 +114,8 @@ class Ops:
         self.metrics.draining.set(1)
         grace = self.settings.server.drain_grace_seconds
         log.info(
-            "draining: %d connections, %d HTTP requests in flight, grace %gs",
+            "draining: %d connections, %d HTTP requests in flight, grace %gs "
+            "(a second Ctrl-C or SIGTERM cuts it short)",
             self.ws_open,  # `connections` holds the POST /v1/responses in flight too
             self.http_inflight,
             grace,
@@ -214,6 +216,13 @@ async def _guarded(
     if ops.auth is not None and not ops.auth.check(request.headers.get("Authorization")):
         if upgrade:
             m.connections_rejected.labels("auth").inc()
+        # never the key; a client retrying in a loop is held to server.log_repeat_limit
+        log.warning(
+            "refused %s %s from %s: missing or incorrect proxy API key",
+            request.method,
+            route,
+            request.remote,
+        )
         denied = _error(
             401,
             "Missing or incorrect API key for this proxy. Send 'Authorization: Bearer KEY'.",

@@ -3,7 +3,8 @@
 `POST /v1/responses` goes over a pooled upstream WebSocket, as a continuation carrying only
 the new items when the request continues a conversation the socket holds (see chains.py);
 every other request, and any request WebSocket mode cannot carry, is passed through over
-plain HTTP unchanged. `GET /healthz` reports the sidecar's state.
+plain HTTP unchanged. `GET /healthz` reports the sidecar's state; proxy auth and `/metrics`
+are in ops.py.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from aiohttp.typedefs import Handler
 
 from ..config import Settings, UpstreamSettings
 from ..core import wire
-from ..core.urls import redact_url
-from ..ops.auth import credentials
+from ..core.urls import missing_v1, redact_url
+from ..ops.auth import Authenticator, credentials
 from ..ops.bodies import read_body
 from ..ops.middleware import CLIENT_CLOSED, client_left
 from ..ops.origin import SitePolicy, install_site_policy
@@ -29,6 +30,7 @@ from ..upstream.client import UpstreamClient
 from ..upstream.passthrough import relay_http
 from .chains import ChainMemory
 from .exchange import Exchange, UseHttp
+from .ops import SidecarMetrics, guard, metrics_route
 from .pool import SocketPool
 
 log = logging.getLogger("wsmode.sidecar")
@@ -39,7 +41,8 @@ CREDENTIAL_HEADERS = ("authorization", "openai-organization", "openai-project")
 
 
 def websocket_url(base: str) -> str:
-    """`https://host/v1` -> `wss://host/v1/responses` (the SDKs' own rule, PROTOCOL 1)."""
+    """`https://host/v1` -> `wss://host/v1/responses` (the SDKs' own rule, docs/protocol.md
+    "Endpoint and handshake")."""
     base = base.rstrip("/")
     if base.startswith("https://"):
         return "wss://" + base.removeprefix("https://") + "/responses"
@@ -182,6 +185,16 @@ def create_sidecar_app(settings: Settings) -> web.Application:
     server = dataclasses.replace(settings.server, host=sc.host)
     install_site_policy(app, SitePolicy.from_settings(server))
     app.middlewares.append(_one_credential)
+    state = app[SIDECAR]
+    metrics = SidecarMetrics(
+        state.stats,
+        lambda: state.pool.open_count,
+        lambda: len(state.memory),
+        state.pool.websocket_refused,
+    )
+    app.middlewares.append(guard(Authenticator.from_settings(settings.auth), metrics, sc.api_key))
+    if settings.server.metrics:
+        app.router.add_get("/metrics", metrics_route(metrics))
     app.router.add_get("/healthz", _healthz)
     app.router.add_route("*", "/v1/responses", _responses)
     app.router.add_route("*", "/v1/{tail:.*}", _other)
@@ -192,6 +205,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[SIDECAR]
     await state.http.start()
     await state.pool.start()
+    if (no_v1 := missing_v1(state.http.base_url)) is not None:
+        log.warning("%s", no_v1)
     log.info("sidecar: WebSocket mode to %s", redact_url(state.pool.url))
     try:
         yield

@@ -7,7 +7,7 @@ An HTTP-only client resends its whole conversation every turn: `input` is everyt
 (earlier input, the model's output items, then the new items) and the other fields are the
 turn's settings. In WebSocket mode the remote server keeps the last response of each
 socket, so the same turn can be sent as `previous_response_id` plus the new items only
-(PROTOCOL.md 4.2, 8.3).
+(docs/protocol.md "Continuing and eviction", "What carries over").
 
 For every request we hash each input item over a canonical JSON form and fold the hashes,
 seeded with a hash of the non-input settings, into a running digest: `r[k]` names "these
@@ -42,7 +42,8 @@ from ..core import wire
 
 # Fields that are not the turn's settings: the conversation itself, and how it is carried.
 NOT_SETTINGS = frozenset({"input", "previous_response_id", "stream", "stream_options"})
-# Fields of the HTTP request that have no meaning on the socket (PROTOCOL 2.1).
+# Fields of the HTTP request that have no meaning on the socket (docs/protocol.md
+# "response.create").
 HTTP_ONLY = frozenset({"stream"})
 
 _DIGEST = 16

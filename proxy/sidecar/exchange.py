@@ -18,6 +18,7 @@ from aiohttp import WSMsgType, web
 
 from ..core import wire
 from ..core.http_answer import Reply, Write
+from ..core.urls import redact_url
 from .chains import ChainMemory, Plan
 from .pool import NoSocket, SocketPool, UpstreamSocket
 from .relay import Action, Done, Relay, Resend, Retry
@@ -38,7 +39,8 @@ class Exchange:
     pool: SocketPool
     memory: ChainMemory
     plan: Plan
-    stream: bool  # the client's `stream`; it never goes on the socket (PROTOCOL 2.1)
+    # the client's `stream`; it never goes on the socket (docs/protocol.md "response.create")
+    stream: bool
     upgrade_headers: Mapping[str, str]
     read_timeout: float
     stats: Counter[str]
@@ -48,7 +50,11 @@ class Exchange:
     done: Done | None = None
 
     def __post_init__(self) -> None:
-        self.relay = Relay(stream=self.stream, client_previous_id=self.plan.client_previous_id)
+        self.relay = Relay(
+            stream=self.stream,
+            client_previous_id=self.plan.client_previous_id,
+            upstream=f"the upstream at {redact_url(self.pool.url)}",
+        )
 
     async def run(self) -> web.StreamResponse:
         """The answer; raises `UseHttp` when the request must go over plain HTTP."""

@@ -3,15 +3,15 @@
 A socket is opened with the credential headers of the request that needs it and only ever
 carries that credential's requests, one at a time (the request that holds it is its only
 reader). It remembers the last response it completed, since the remote server's
-connection-local cache holds that one (PROTOCOL.md 4.1). A request for a new conversation
-gets a new socket while the pool has room, else the least recently used idle socket of its
-credential, else an idle socket of another credential is closed to make room; when every
+connection-local cache holds that one (docs/protocol.md "The connection cache"). A request for a new
+conversation gets a new socket while the pool has room, else the least recently used idle socket of
+its credential, else an idle socket of another credential is closed to make room; when every
 socket is busy the caller goes over plain HTTP instead of waiting.
 
 Sockets that end badly are closed, idle ones after `idle_timeout`; the closing is done by
 the pool's janitor task, so giving a socket back never waits. An upgrade refused with 404 or
-426 marks the upstream WebSocket-less for `refusal_memory` seconds (PROTOCOL 1: 426 means
-"use HTTP").
+426 marks the upstream WebSocket-less for `refusal_memory` seconds (docs/protocol.md "Endpoint and
+handshake": 426 means "use HTTP").
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import aiohttp
 
 from ..config import SidecarSettings
-from ..upstream.client import RedirectRefused, refuse_redirects
+from ..core.urls import redact_url
+from ..upstream.client import RedirectRefused, describe, refuse_redirects
 
 log = logging.getLogger("wsmode.sidecar")
 
@@ -181,16 +182,23 @@ class SocketPool:
                 self.refusals += 1
                 self.refused_until = self.clock() + s.refusal_memory
                 log.warning(
-                    "upstream refused WebSocket mode (HTTP %s): plain HTTP for %gs",
+                    "upstream %s refused WebSocket mode (HTTP %s): plain HTTP for %gs",
+                    redact_url(self.url),
                     exc.status,
                     s.refusal_memory,
                 )
                 raise UpgradeRefused(exc.status) from exc
-            raise CannotOpen(f"WebSocket upgrade answered HTTP {exc.status}") from exc
+            raise CannotOpen(
+                f"the WebSocket upgrade at {redact_url(self.url)} answered HTTP {exc.status}"
+            ) from exc
         except RedirectRefused as exc:
-            raise CannotOpen(f"WebSocket upgrade answered HTTP {exc.status}") from exc
+            raise CannotOpen(
+                f"the WebSocket upgrade at {redact_url(self.url)} answered HTTP {exc.status}"
+            ) from exc
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise CannotOpen(f"cannot open a WebSocket ({type(exc).__name__})") from exc
+            raise CannotOpen(
+                f"cannot open a WebSocket to {redact_url(self.url)} ({describe(exc)})"
+            ) from exc
         finally:
             self._opening -= 1
         sock = UpstreamSocket(next(self._serials), credential, ws)

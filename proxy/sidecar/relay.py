@@ -6,13 +6,13 @@ The adapter sends the request on a socket, then feeds in what happens: each text
 (`frame`), the socket closing (`closed`), a silence longer than the read timeout
 (`timed_out`), a frame it cannot accept (`invalid`). It executes the actions that come back.
 
-What the client gets is what the HTTP API would have answered (PROTOCOL.md 8.1, 8.2), and
-the same answer the HTTP front gives for the same events: the relay hands every event to
-`core.http_answer.HttpAnswer`, which builds it (SSE framing, when the 200 stream starts,
-error bodies, statuses). The relay keeps what is the sidecar's own:
+What the client gets is what the HTTP API would have answered (docs/protocol.md "HTTP SSE", "HTTP
+and WebSocket side by side"), and the same answer the HTTP front gives for the same events: the
+relay hands every event to `core.http_answer.HttpAnswer`, which builds it (SSE framing, when the 200
+stream starts, error bodies, statuses). The relay keeps what is the sidecar's own:
 
 - the response ends for the relay at its first terminal event or `error`: nothing after it
-  is read for this request (PROTOCOL 8.1);
+  is read for this request (docs/protocol.md "HTTP SSE");
 - when the sidecar sent a continuation the client never asked for, `previous_response_id`
   in every response object is put back to what the client sent (nothing); an empty terminal
   `output` is filled from the streamed items (SDK helpers read only the terminal's);
@@ -72,6 +72,7 @@ Action = Write | Reply | Retry | Done
 class Relay:
     stream: bool
     client_previous_id: str | None = None  # what the client sent; restored in responses
+    upstream: str = "the upstream"  # how failure messages name it ("the upstream at wss://...")
     delta: bool = False  # this attempt sent a continuation the client did not ask for
     outcome: str | None = None
     response_id: str | None = None
@@ -122,10 +123,10 @@ class Relay:
         """The socket closed (or broke) before the response ended."""
         if not self.started:
             return [Retry(self._reopen())]
-        return self._fail("upstream_unavailable", "the upstream connection closed")
+        return self._fail("upstream_unavailable", f"the connection to {self.upstream} closed")
 
     def timed_out(self, seconds: float) -> list[Action]:
-        return self._fail("upstream_timeout", f"the upstream sent nothing for {seconds:g}s")
+        return self._fail("upstream_timeout", f"{self.upstream} sent nothing for {seconds:g}s")
 
     def invalid(self, why: str) -> list[Action]:
         return self._fail("upstream_protocol_error", why)
@@ -185,7 +186,7 @@ class Relay:
         if not self.started:
             code = error_object(ev).get("code")
             if code == "websocket_connection_limit_reached":
-                # PROTOCOL 5.1: the server closes this socket; a new one holds no state
+                # docs/protocol.md "Errors": the server closes this socket; a new one holds no state
                 return [Retry(self._reopen())]
             if code == "previous_response_not_found" and self.delta and not self.retried_full:
                 self.retried_full = True

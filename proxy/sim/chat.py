@@ -5,10 +5,10 @@ they stand for, so the answer is decided the same way and the tool arguments' `n
 those items (a message with text and two tool calls is three items, as in Responses), which
 lets a test prove the proxy sent the whole conversation.
 
-The stream is what OpenAI-compatible servers send (PROTOCOL 8.4): data-only SSE chunks, a
-first chunk with the role, reasoning deltas in `reasoning_content` when the request sets
-`reasoning_effort`, one chunk per text token, tool calls opened by a fragment with id, type
-and name and continued by argument fragments, a finish chunk, a usage chunk (`choices: []`)
+The stream is what OpenAI-compatible servers send (docs/protocol.md "Chat Completions upstreams"):
+data-only SSE chunks, a first chunk with the role, reasoning deltas in `reasoning_content` when the
+request sets `reasoning_effort`, one chunk per text token, tool calls opened by a fragment with id,
+type and name and continued by argument fragments, a finish chunk, a usage chunk (`choices: []`)
 when `stream_options.include_usage` is set, then `data: [DONE]`. `max_tokens` cuts the text
 with `finish_reason: "length"`.
 

@@ -1,4 +1,5 @@
-"""The simulated model's Responses event stream, spec-complete (PROTOCOL 3.1, CLIENTS 0.4).
+"""The simulated model's Responses event stream, spec-complete (docs/protocol.md "Stream events",
+docs/clients.md "What every client needs").
 
 `response_events()` yields every event of one response in order, each with its
 `sequence_number`, `output_index` and `content_index`, ending with a `response.completed`

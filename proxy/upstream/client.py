@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
@@ -57,6 +58,30 @@ class ConnectFailed(UpstreamError):
     """No connection to the upstream could be opened (refused, name not resolved, connect
     timeout): nothing of the request was sent, so another replica may take it
     (upstream/pool.py)."""
+
+
+def describe(exc: BaseException) -> str:
+    """A network failure in a user's words ("connection refused", "name not resolved"),
+    never an aiohttp class name."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "name not resolved"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return "its TLS certificate is not trusted"
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return "the TLS handshake failed"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the server closed the connection"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "the answer's body was cut short"
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        exc = exc.os_error
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno).lower()
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return "network error"
 
 
 def overloaded(message: str) -> UpstreamError:
@@ -199,7 +224,9 @@ class UpstreamClient:
                 if resp.status != 200:
                     try:
                         body = await self._error_body(resp)
-                        raise upstream_http_error(resp.status, body, resp.headers)
+                        raise upstream_http_error(
+                            resp.status, body, resp.headers, url=redact_url(base + path)
+                        )
                     finally:
                         resp.release()
             except RedirectRefused as exc:
@@ -248,14 +275,15 @@ class UpstreamClient:
         if isinstance(exc, TimeoutError):
             what = "stopped sending" if started else "did not answer"
             return UpstreamError(
-                f"upstream {what} within {self.settings.read_timeout:g}s",
+                f"the upstream at {shown} {what} within "
+                f"{self.settings.read_timeout:g}s",
                 status=502 if started else 504,
                 started=started,
                 code="upstream_timeout",
             )
-        reason = type(exc).__name__
+        reason = describe(exc)
         if started:
-            message = f"upstream connection broke mid-stream ({reason})"
+            message = f"the connection to the upstream at {shown} broke mid-stream ({reason})"
             return UpstreamError(message, status=502, started=True, code="upstream_unavailable")
         message = f"cannot reach the upstream at {shown} ({reason})"
         kind = ConnectFailed if isinstance(exc, aiohttp.ClientConnectorError) else UpstreamError

@@ -18,7 +18,8 @@ from yarl import URL
 
 from ..core import wire
 from ..core.errors import UpstreamError, upstream_redirect
-from .client import RedirectRefused, UpstreamClient, UpstreamGate
+from ..core.urls import redact_url
+from .client import RedirectRefused, UpstreamClient, UpstreamGate, describe
 
 log = logging.getLogger("wsmode.http")
 
@@ -86,14 +87,15 @@ async def _relay(
         log.warning("passthrough %s %s: upstream redirect %s", request.method, request.path, exc)
         raise upstream_redirect(exc.status) from None
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        shown = redact_url(client.base_url)
         log.warning(
-            "passthrough %s %s failed: %s", request.method, request.path, type(exc).__name__
+            "passthrough %s %s to %s failed: %s", request.method, request.path, shown, describe(exc)
         )
         err = {
             "error": {
                 "type": "server_error",
                 "code": "upstream_unavailable",
-                "message": f"cannot reach the upstream ({type(exc).__name__})",
+                "message": f"cannot reach the upstream at {shown} ({describe(exc)})",
                 "param": None,
             }
         }

@@ -30,7 +30,7 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 
-# Every code the proxy itself puts in an `error` event (README "Errors", PROTOCOL 5).
+# Every code the proxy itself puts in an `error` event (README "Errors", docs/protocol.md "Errors").
 PROXY_CODES = {
     "invalid_json",
     "unknown_event_type",
@@ -59,7 +59,8 @@ def stack() -> Iterator[Stack]:
 
 
 def check_error(ev: dict[str, Any], relayed: bool = False) -> None:
-    """The documented envelope (PROTOCOL 3.2); codes from our list unless relayed upstream."""
+    """The documented envelope (docs/protocol.md "WebSocket-only events"); codes from our list
+    unless relayed upstream."""
     assert set(ev) <= {"type", "status", "error", "stream_id", "sequence_number", "headers"}
     assert isinstance(ev["status"], int) and 400 <= ev["status"] <= 599, ev
     err = ev["error"]

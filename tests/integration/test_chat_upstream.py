@@ -313,7 +313,8 @@ async def test_upstream_failure_mid_stream_then_next_turn_works(
             assert err["error"]["message"] == "simulated mid-stream error"
         else:
             assert err["status"] == 502
-        # the failed continuation evicted its parent (PROTOCOL 4.2); a new chain works
+        # the failed continuation evicted its parent (docs/protocol.md "Continuing and eviction"); a
+        # new chain works
         await send(ws, create(input=[user("x")], previous_response_id=first["id"]))
         assert (await recv(ws))["error"]["code"] == "previous_response_not_found"
         await send(ws, create(input=[user("three")], store=False))

@@ -1,4 +1,4 @@
-"""Codex CLI, unmodified, over WebSocket mode (CLIENTS.md 2.6).
+"""Codex CLI, unmodified, over WebSocket mode (docs/clients.md "Codex CLI").
 
 Codex is a 400 MB npm package, so this runs only where it is installed: set CODEX_BIN
 to its `codex` binary (e.g. after `npm install @openai/codex@0.169.0`, node_modules/.bin/codex).

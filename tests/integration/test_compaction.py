@@ -1,6 +1,6 @@
-"""Compaction and context windows on real sockets (PROTOCOL 7), against the simulated model
-enforcing a small context window, with the `websockets` library, aiohttp and the openai SDK
-as clients."""
+"""Compaction and context windows on real sockets (docs/protocol.md "Compaction"), against the
+simulated model enforcing a small context window, with the `websockets` library, aiohttp and the
+openai SDK as clients."""
 
 from __future__ import annotations
 

@@ -155,8 +155,9 @@ async def test_rate_limit_headers_of_the_model_server_reach_the_client(
     proxy_factory: Any,
 ) -> None:
     """An upstream 429 says when to come back: `Retry-After` and `x-ratelimit-*` reach a
-    WebSocket client in the `error` event's `headers` (both places Codex reads, PROTOCOL
-    3.2) and an HTTP client as headers of the 429 answer. Other headers stay behind."""
+    WebSocket client in the `error` event's `headers` (both places Codex reads,
+    docs/protocol.md "WebSocket-only events") and an HTTP client as headers of the 429 answer. Other
+    headers stay behind."""
     limits = {
         "Retry-After": "7",
         "x-ratelimit-remaining-requests": "0",

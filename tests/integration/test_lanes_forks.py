@@ -1,5 +1,5 @@
-"""Lanes and forks (PROTOCOL 4.3-4.4) with the `websockets` library and the openai SDK's
-own lane helper."""
+"""Lanes and forks (docs/protocol.md "Lanes", "Forks") with the `websockets` library and the openai
+SDK's own lane helper."""
 
 from __future__ import annotations
 

@@ -227,7 +227,8 @@ async def test_upstream_http_error_before_stream(proxy: Proxy, sim: Sim) -> None
         err = await recv(ws)
         assert err["type"] == "error" and err["status"] == 503
         assert err["error"]["message"] == "simulated upstream failure 503"
-        # a failed same-lane continuation evicts its parent (PROTOCOL 4.2)
+        # a failed same-lane continuation evicts its parent (docs/protocol.md "Continuing and
+        # eviction")
         await send(ws, create(input=[user("c")], previous_response_id=first["id"]))
         assert (await recv(ws))["error"]["code"] == "previous_response_not_found"
         await send(ws, create(input=[user("d")]))

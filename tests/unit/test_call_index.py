@@ -83,7 +83,8 @@ def test_a_refused_continuation_evicts_its_parent_on_the_same_lane_only() -> Non
     rid = accepted(s, input=[user("hi")])
     fork = refused(s, input=[output("call_x")], previous_response_id=rid, stream_id="other")
     assert fork == "No tool call found for function call output with call_id call_x."
-    assert rid in s.cache  # a cross-lane fork keeps the parent (PROTOCOL 4.2)
+    # a cross-lane fork keeps the parent (docs/protocol.md "Continuing and eviction")
+    assert rid in s.cache
     refused(s, input=[output("call_x")], previous_response_id=rid)
     assert rid not in s.cache
     (ev,) = sends(send_create(s, input=[user("x")], previous_response_id=rid))

@@ -1,4 +1,5 @@
-"""Responses request -> Chat Completions body (PROTOCOL 8.4, request side)."""
+"""Responses request -> Chat Completions body (docs/protocol.md "Chat Completions upstreams",
+request side)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,8 @@ def terminal(kind: str, seq: int, code: str | None = None) -> dict[str, Any]:
 
 
 def ws_error(seq: int | None = None, **err: Any) -> dict[str, Any]:
-    """A WebSocket `error` envelope as the proxy's session writes it (PROTOCOL 3.2)."""
+    """A WebSocket `error` envelope as the proxy's session writes it (docs/protocol.md
+    "WebSocket-only events")."""
     ev: dict[str, Any] = {"type": "error", "status": err.pop("status", 500)}
     ev["error"] = {"type": "server_error", "code": "server_error", "message": "oops", **err}
     ev["error"].setdefault("param", None)
@@ -92,7 +93,8 @@ def error_body(message: str, code: str | None, type_: str = "server_error") -> d
 
 COMPLETED = [created(), delta(1), terminal("response.completed", 2)]
 INCOMPLETE = [created(), delta(1), terminal("response.incomplete", 2)]
-# the proxy's own failure after `response.created`: response.failed, then the error (5.1)
+# the proxy's own failure after `response.created`: response.failed, then the error
+# (docs/protocol.md "Errors")
 FAILED_THEN_ERROR = [
     created(),
     delta(1),
@@ -274,7 +276,8 @@ def test_only_errors_and_answered_terminals_are_parsed(stream: bool) -> None:
 
 def test_an_early_error_keeps_its_fields_order_and_headers() -> None:
     """Before the stream: the error's status and its headers (both places Codex reads,
-    PROTOCOL 3.2), the hop-by-hop ones left out; nothing later starts a stream."""
+    docs/protocol.md "WebSocket-only events"), the hop-by-hop ones left out; nothing later starts a
+    stream."""
     ev = {
         "type": "error",
         "status": 429,

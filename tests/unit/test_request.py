@@ -1,4 +1,5 @@
-"""`response.create` validation and the upstream body (proxy/core/request.py, PROTOCOL 2.1)."""
+"""`response.create` validation and the upstream body (proxy/core/request.py, docs/protocol.md
+"response.create")."""
 
 from __future__ import annotations
 

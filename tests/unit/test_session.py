@@ -1,7 +1,8 @@
 """The per-connection state machine (proxy/core/session.py), driven without any I/O.
 
 Each test feeds happenings (client frames, upstream SSE events, failures) into a `Session`
-with the Responses dialect and asserts the exact actions that come back (PROTOCOL 4-5).
+with the Responses dialect and asserts the exact actions that come back (docs/protocol.md "The
+connection cache", "Errors").
 """
 
 from __future__ import annotations
@@ -840,7 +841,7 @@ def test_events_for_unknown_runs_are_ignored() -> None:
     assert s.upstream_eof(99) == []
 
 
-# ------------------------------------------------------------------ pins (PROTOCOL 4.4)
+# ------------------------------------------------------------------ pins (docs/protocol.md "Forks")
 
 
 def test_queued_fork_pins_its_parent_against_lru_eviction() -> None:

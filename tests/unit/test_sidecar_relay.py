@@ -225,7 +225,7 @@ def test_socket_closing_before_anything_was_written_reopens_once_then_http() -> 
 
 
 def test_socket_closing_mid_stream_ends_the_sse_with_an_error_event() -> None:
-    relay = Relay(stream=True)
+    relay = Relay(stream=True, upstream="the upstream at wss://models.example/v1/responses")
     relay.begin(delta=False)
     feed(relay, frames()[:3])
     out = relay.closed()
@@ -235,7 +235,7 @@ def test_socket_closing_mid_stream_ends_the_sse_with_an_error_event() -> None:
     assert ev == {
         "type": "error",
         "code": "upstream_unavailable",
-        "message": "the upstream connection closed",
+        "message": "the connection to the upstream at wss://models.example/v1/responses closed",
         "param": None,
         "sequence_number": 3,
     }

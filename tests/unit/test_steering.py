@@ -218,8 +218,8 @@ def test_lifetime_closes_only_when_idle() -> None:
 def test_successor_rejected_at_start_fails_the_steer() -> None:
     """The automatic successor of an accepted steer can be refused before it goes upstream
     (here: it no longer fits the context window). The client is owed the steer's
-    `response.steer.failed` (`successor_creation_failed`), not only the `error` (PROTOCOL 2.2,
-    3.2)."""
+    `response.steer.failed` (`successor_creation_failed`), not only the `error` (docs/protocol.md
+    "response.steer", 3.2)."""
 
     s = make_context_session(context_window=3000)
     start = the_start(send_create(s, input=[user("go")], stream_id="L"))
@@ -293,8 +293,8 @@ def test_successor_is_announced_before_it_starts() -> None:
 
 
 def test_explicit_create_after_pending_rejected_at_start_fails_the_steers() -> None:
-    """The client's create that carries queued steer input (PROTOCOL 2.2 step 4) and is
-    refused before the upstream is asked: the steers' input did not reach a response."""
+    """The client's create that carries queued steer input (docs/protocol.md "response.steer" step
+    4) and is refused before the upstream is asked: the steers' input did not reach a response."""
 
     s = make_context_session(context_window=3000)
     start = the_start(send_create(s, input=[user("go")]))

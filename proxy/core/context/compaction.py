@@ -1,4 +1,4 @@
-"""Compaction items and compaction planning for stateless upstreams (PROTOCOL 7).
+"""Compaction items and compaction planning for stateless upstreams (docs/protocol.md "Compaction").
 
 A stateless model server cannot compact a conversation itself, so the proxy does: it asks
 the upstream model, in an ordinary request, to summarise the older part of the conversation
@@ -167,7 +167,8 @@ def has_trigger(items: Sequence[bytes]) -> bool:
 
 def check_trigger(items: Sequence[bytes], generate: bool) -> None:
     """A `compaction_trigger` must be the last input item, at most once, of a request that
-    generates (PROTOCOL 7: "must be the final input item"). Raises ClientError."""
+    generates (docs/protocol.md "Compaction": "must be the final input item"). Raises
+    ClientError."""
     for i, item in enumerate(items):
         if not is_trigger(item):
             continue

@@ -1,4 +1,5 @@
-"""The upstream's stream, adjusted for what the proxy did to the request (PROTOCOL 3.1, 7).
+"""The upstream's stream, adjusted for what the proxy did to the request (docs/protocol.md "Stream
+events", "Compaction").
 
 `ManagedStream` wraps a dialect's `StreamTranslator` and changes the stream in two cases:
 

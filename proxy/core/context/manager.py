@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Before a run goes upstream the session asks `ContextManager.prepare` for the items to send
-(PROTOCOL 7, 8.3). Preparing does, in order:
+(docs/protocol.md "Compaction", "What carries over"). Preparing does, in order:
 
 1. **Render** the conversation: the parent's cached segments, then the new input, with every
    compaction item expanded (proxy/core/context/compaction.py) and everything before the latest one
@@ -66,7 +66,7 @@ from .sealing import Sealer
 from .settings import ContextSettings
 from .tokens import TokenEstimator
 
-MIN_COMPACT_THRESHOLD = 1000  # PROTOCOL 7
+MIN_COMPACT_THRESHOLD = 1000  # docs/protocol.md "Compaction"
 TRUNCATION_MODES = ("auto", "disabled")
 _SUMMARY_PROMPT_TOKENS = 300  # the summarising request's own instructions, roughly
 

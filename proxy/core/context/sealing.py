@@ -1,4 +1,5 @@
-"""Authenticated encryption for the `encrypted_content` of compaction items (PROTOCOL 7).
+"""Authenticated encryption for the `encrypted_content` of compaction items (docs/protocol.md
+"Compaction").
 
 A compaction item carries the summary of a conversation's older part back to the client,
 which hands it in again later. Only this proxy may read it, and nobody may alter it: a

@@ -1,4 +1,4 @@
-"""How many tokens a conversation item costs the upstream model (PROTOCOL 7).
+"""How many tokens a conversation item costs the upstream model (docs/protocol.md "Compaction").
 
 Counts decide `truncation: "auto"` (what still fits `upstream.context_window`),
 `truncation: "disabled"` (a 400 instead of a doomed upstream call), when

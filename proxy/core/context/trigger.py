@@ -1,4 +1,5 @@
-"""The response to a `compaction_trigger`, written by the proxy (PROTOCOL 3.1, 7).
+"""The response to a `compaction_trigger`, written by the proxy (docs/protocol.md "Stream events",
+"Compaction").
 
 A create whose input ends with `{"type": "compaction_trigger"}` (Codex's remote compaction)
 asks for the conversation to be compacted, not continued: the response's one output item

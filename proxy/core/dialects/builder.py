@@ -2,12 +2,12 @@
 
 Upstreams that do not speak spec-complete Responses (Chat Completions servers, and llama.cpp's
 own `/v1/responses`) are rebuilt through this one writer, so a client sees the same shapes as
-from OpenAI (PROTOCOL 3.1, 8.4; CLIENTS 0.4): every event numbered from 0, every item opened
-with `output_item.added` before its deltas and closed with its `.done` events, `output_index`
-and `content_index` on every item-scoped event, and terminal response objects whose `output`
-holds every finished item.
+from OpenAI (docs/protocol.md "Stream events", "Chat Completions upstreams"; docs/clients.md "What
+every client needs"): every event numbered from 0, every item opened with `output_item.added` before
+its deltas and closed with its `.done` events, `output_index` and `content_index` on every
+item-scoped event, and terminal response objects whose `output` holds every finished item.
 
-Item rules (PROTOCOL 8.4 [rec]):
+Item rules (docs/protocol.md "Chat Completions upstreams"):
 
 - reasoning and message items are sequential: opening one closes the other, and either
   closes when a tool call starts ("text before tool calls");

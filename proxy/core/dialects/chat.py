@@ -1,4 +1,5 @@
-"""The Chat Completions dialect: `POST /v1/chat/completions` upstreams (PROTOCOL 8.4).
+"""The Chat Completions dialect: `POST /v1/chat/completions` upstreams (docs/protocol.md "Chat
+Completions upstreams").
 
 The request is translated by `chat_request` (Responses items -> Chat messages, memoised per
 item). The stream is rebuilt event by event: Chat chunks carry deltas, never item
@@ -59,7 +60,8 @@ _ROUTING_FIELDS = ("prompt_cache_key", "id_slot")
 
 
 def map_usage(usage: dict[str, Any], timings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Chat usage -> Responses usage (PROTOCOL 8.4). Chat reports no cache writes: 0.
+    """Chat usage -> Responses usage (docs/protocol.md "Chat Completions upstreams"). Chat
+    reports no cache writes: 0.
 
     llama.cpp's finish chunk carries `timings`; its `cache_n` (prompt tokens taken from the
     slot's cache, `prompt_n` being those computed) stands in for a missing `cached_tokens`."""

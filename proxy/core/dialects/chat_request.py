@@ -1,4 +1,5 @@
-"""Responses request -> Chat Completions request (PROTOCOL 8.4, request side).
+"""Responses request -> Chat Completions request (docs/protocol.md "Chat Completions upstreams",
+request side).
 
 Items become messages:
 

@@ -1,4 +1,5 @@
-"""The Responses dialect: the upstream already streams Responses events (PROTOCOL 8.1).
+"""The Responses dialect: the upstream already streams Responses events (docs/protocol.md "HTTP
+SSE").
 
 Events are forwarded as the upstream wrote them. Only a handful are parsed: the lifecycle
 events (to learn the response id, to put back the `previous_response_id` and `store` the
