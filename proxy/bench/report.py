@@ -135,7 +135,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     worst_byte = max((r["rss_per_cached_byte"] for r in runs), default=None)
     worst_conn = max((r["kb_per_idle_connection"] for r in runs), default=None)
     fair = results.get("fairness", {}).get("read rate 1000/s (default)", {})
-    less = "wsmode receives only the new input, so it should add no more than the bare relay"
+    less = (
+        "wsmode receives only the new input, so it should add no more than the bare relay"
+        " (time to first event through wsmode / through the bare relay)"
+    )
     cpu = "wsmode receives only the new input; the bare relay receives and forwards it all"
     rate = "the bare relay is the floor: wsmode may spend up to a fifth more per event"
     n1 = one["connections"] if one else 1
@@ -147,12 +150,12 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         return row["ratio"][key] if row else NONE
 
     out += [
-        _target("overhead at 200 KB: added time to first event p50, vs bare relay", "<= 1.0x",
-                1.0, False, ratio(at[200], "ttfe_p50_added"), "x", less),
-        _target("overhead at 200 KB: added time to first event p99, vs bare relay", "<= 1.0x",
-                1.0, False, ratio(at[200], "ttfe_p99_added"), "x", less),
-        _target("overhead at 1 MB: added time to first event p50, vs bare relay", "<= 1.0x",
-                1.0, False, ratio(at[1024], "ttfe_p50_added"), "x", less),
+        _target("overhead at 200 KB: time to first event p50, vs bare relay", "<= 1.0x",
+                1.0, False, ratio(at[200], "ttfe_p50"), "x", less),
+        _target("overhead at 200 KB: time to first event p99, vs bare relay", "<= 1.0x",
+                1.0, False, ratio(at[200], "ttfe_p99"), "x", less),
+        _target("overhead at 1 MB: time to first event p50, vs bare relay", "<= 1.0x",
+                1.0, False, ratio(at[1024], "ttfe_p50"), "x", less),
         _target("CPU per turn at 1 MB history, vs bare relay forwarding it", "<= 1.0x",
                 1.0, False, ratio(at[1024], "cpu_per_turn"), "x", cpu),
         _target("CPU per turn at 4 MB history, vs bare relay forwarding it", "<= 1.0x",
