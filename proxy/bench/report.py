@@ -215,6 +215,11 @@ def table(results: dict[str, Any]) -> str:
                 lines.append(
                     f"  {cell['rtt_ms']:>4g}ms {cell['uplink_mbit']:>5g}Mbit/s {name:<14} "
                     f"{med:>9.3f} {http / med:>7.2f}x {med / cell['ideal_s']:>7.2f}x"
+                    + (
+                        f"  (handshake {c['connect_s'] * 1000:.1f} ms)"
+                        if c.get("connect_s")
+                        else ""
+                    )
                     + (f"  errors: {len(c['errors'])}" if c["errors"] else "")
                 )
             lines.append(f"  {'':>17} {'ideal':<14} {cell['ideal_s']:>9.3f}")
