@@ -54,9 +54,10 @@ class Plan:
 FULL = Plan("full")
 QUICK = Plan(
     "quick",
-    # half the turns, twice the tool output: about the same history at the end (~270 KB),
-    # so the agent-loop targets ask the same question in a third of the time
-    profile=AgentProfile(tool_calls=15, tool_output_bytes=16 * 1024),
+    # the full profile's turns (8 KB tool outputs), two thirds as many, and a first prompt
+    # three times as large: about as much history at the end (~230 KB vs ~270 KB), so the
+    # agent-loop targets ask the same question (re-sent history vs the ideal) in less time
+    profile=AgentProfile(tool_calls=20, first_prompt_bytes=60 * 1024),
     main_reps=3,
     rtts=(1.0, 40.0),
     uplinks=(10.0, 1000.0),
