@@ -366,7 +366,7 @@ def soak(
     nargs=-1,
     type=click.Choice(["agent-loop", "overhead", "relay", "scale", "fairness"]),
 )
-@click.option("--quick", is_flag=True, help="A smaller run, within a minute.")
+@click.option("--quick", is_flag=True, help="Every target, with a shorter profile.")
 @click.option("--smoke", is_flag=True, hidden=True, help="The tiniest run (for the tests).")
 @click.option(
     "--link",

@@ -89,6 +89,7 @@ class Loop:
     model_seconds: float  # the simulated model's own time, summed over turns
     bytes_sent: int  # request bodies / frames the client wrote
     history_bytes: int  # the conversation's JSON size at the end
+    connect_s: float = 0.0  # of `seconds`, opening the WebSocket (0 for HTTP: no handshake)
 
 
 class Link(Protocol):
@@ -178,6 +179,7 @@ async def ws_loop(url: str, profile: AgentProfile) -> Loop:
     tally = _Tally(profile, [first])
     async with aiohttp.ClientSession() as session:
         ws = await ws_connect(session, url)
+        connect_s = time.perf_counter() - tally.t0  # the upgrade: a round trip of its own
         try:
             for k in range(profile.tool_calls + 2):
                 create = {"type": "response.create", **_settings(), "input": new}
@@ -189,7 +191,9 @@ async def ws_loop(url: str, profile: AgentProfile) -> Loop:
                 previous = turn.response["id"]
                 new = tally.add(turn, k)
                 if not new:
-                    return tally.loop(k + 1)
+                    loop = tally.loop(k + 1)
+                    loop.connect_s = connect_s
+                    return loop
         finally:
             await ws.close()
     raise BenchError("the agent loop did not end within its turn bound")
@@ -204,6 +208,7 @@ def _summary(loops: list[Loop], errors: list[str]) -> dict[str, Any]:
             bytes_sent=loops[0].bytes_sent,
             history_bytes=loops[0].history_bytes,
             model_s=round(loops[0].model_seconds, 4),
+            connect_s=round(statistics.median(lp.connect_s for lp in loops), 4),
         )
     return out
 

@@ -29,6 +29,7 @@ import orjson
 
 from .clients import ws_connect, ws_turn
 from .procs import Servers, sim_env, start_proxy, start_sim
+from .stats import spread
 
 FLOOD_FRAME = b'{"type":"no.such.event"}'  # answered with a small error by the proxy
 CONTENDERS = {"read rate 1000/s (default)": "1000", "no read rate": "0"}
@@ -84,21 +85,25 @@ async def _contender(
         frame = orjson.dumps({"type": "response.create", "model": "sim", "input": "hi"})
         alone: list[float] = []
         flooded: list[float] = []
+        per_rep: list[float] = []  # each repetition's flooded / alone, for the spread
         ws = await ws_connect(session, f"ws://{proxy.host}:{proxy.port}/v1/responses")
         try:
             await _phase(ws, frame, 5)  # warm-up
             for _ in range(reps):
-                alone += await _phase(ws, frame, turns)
+                alone_once = await _phase(ws, frame, turns)
+                alone += alone_once
                 flooder = subprocess.Popen(
                     [sys.executable, "-m", "wsmode.bench.fairness", str(proxy.port), "600"],
                     stdout=subprocess.DEVNULL,
                 )
                 try:
                     await asyncio.sleep(0.5)  # the flood is on
-                    flooded += await _phase(ws, frame, turns)
+                    flooded_once = await _phase(ws, frame, turns)
+                    flooded += flooded_once
                 finally:
                     flooder.kill()
                     flooder.wait()
+                per_rep.append(statistics.median(flooded_once) / statistics.median(alone_once))
         finally:
             await ws.close()
         p50_alone = statistics.median(alone) * 1000
@@ -107,6 +112,7 @@ async def _contender(
             "p50_alone_ms": round(p50_alone, 2),
             "p50_flooded_ms": round(p50_flooded, 2),
             "ratio": round(p50_flooded / p50_alone, 2),
+            "ratio_spread": spread(per_rep),
             "turns_each": len(alone),
         }
     finally:

@@ -1,12 +1,15 @@
 """Scenario "overhead": what wsmode adds to a turn, on loopback, by history size.
 
-Two contenders, interleaved turn by turn on one connection each: HTTP straight to the
-simulated model with the full history, and WebSocket mode through wsmode continuing from a
-cached response, so wsmode sends the model the same full history. Both request bodies are
-serialised before the clock starts; the model answers at once (no time to first token, no
-pacing), so the difference is wsmode's own cost: receiving the frame, rebuilding the body,
-sending it upstream, relaying the events. Reported as p50 and p99 of time to first event
-and to the terminal event, and their differences.
+Three contenders, interleaved turn by turn on one connection each: HTTP straight to the
+simulated model with the full history; WebSocket mode through wsmode continuing from a
+cached response, so wsmode sends the model the same full history; and the bare relay
+(proxy/bench/bare.py), which gets the whole history in every frame and forwards it. Every
+request body is serialised before the clock starts; the model answers at once (no time to
+first token, no pacing), so a relay's difference from direct is its own cost: receiving the
+frame, (re)building the body, sending it upstream, relaying the events. Reported as p50 and
+p99 of time to first event and to the terminal event, and their differences; the samples
+are cut into rounds, and each round gives the ratio wsmode / bare relay of the added time to
+first event and of the CPU per turn (each process's CPU over the round / its turns).
 
 Part two measures "building the upstream body" alone, in this process: the real session
 code turns a `response.create` that continues a cached history into the upstream request
@@ -15,6 +18,7 @@ body, exactly as the WebSocket endpoint does (`wsmode.upstream.client.request_bo
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,8 +36,8 @@ from ..core.store import MemoryStore, StoredResponse
 from ..upstream.client import request_body
 from . import call_check
 from .clients import http_turn, ws_connect, ws_turn
-from .procs import Servers, sim_env, start_proxy, start_sim
-from .stats import median, ms, percentile
+from .procs import Server, Servers, sim_env, start_bare, start_proxy, start_sim
+from .stats import median, ms, percentile, spread
 
 SETTINGS: dict[str, Any] = {"model": "sim", "store": False}
 WARMUP = 5
@@ -68,50 +72,87 @@ def _user(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "user", "content": text}
 
 
+CONTENDERS = ("wsmode", "bare")
+
+
 async def _size(
     session: aiohttp.ClientSession,
     ws_session: aiohttp.ClientSession,
     sim_url: str,
-    ws_url: str,
+    relays: dict[str, Server],
     nbytes: int,
     samples: int,
+    rounds: int,
 ) -> dict[str, Any]:
     items = history(nbytes)
-    ws = await ws_connect(ws_session, ws_url)
+    url = "ws://{}:{}/v1/responses"
+    sockets = {
+        name: await ws_connect(ws_session, url.format(s.host, s.port)) for name, s in relays.items()
+    }
     try:
         seed = {"type": "response.create", **SETTINGS, "input": items}
-        parent = (await ws_turn(ws, orjson.dumps(seed))).response
+        parent = (await ws_turn(sockets["wsmode"], orjson.dumps(seed))).response
         new = [_user("next step")]
-        frame = orjson.dumps(
-            {
-                "type": "response.create",
-                **SETTINGS,
-                "previous_response_id": parent["id"],
-                "input": new,
-            }
-        )
-        body = orjson.dumps(
-            {**SETTINGS, "input": [*items, *parent["output"], *new], "stream": True}
-        )
-        direct: dict[str, list[float]] = {"ttfe": [], "total": []}
-        proxied: dict[str, list[float]] = {"ttfe": [], "total": []}
-        for i in range(WARMUP + samples):
-            d = await http_turn(session, sim_url, body)
-            w = await ws_turn(ws, frame)
-            if i >= WARMUP:
-                direct["ttfe"].append(d.ttfe)
-                direct["total"].append(d.total)
-                proxied["ttfe"].append(w.ttfe)
-                proxied["total"].append(w.total)
+        whole = [*items, *parent["output"], *new]
+        frames = {  # wsmode continues its cached response; the bare relay gets it all
+            "wsmode": orjson.dumps(
+                {
+                    "type": "response.create",
+                    **SETTINGS,
+                    "previous_response_id": parent["id"],
+                    "input": new,
+                }
+            ),
+            "bare": orjson.dumps(
+                {"type": "response.create", **SETTINGS, "input": whole, "stream": True}
+            ),
+        }
+        body = orjson.dumps({**SETTINGS, "input": whole, "stream": True})
+        per_round = max(1, samples // rounds)
+        keys = ("direct", *CONTENDERS)
+        ttfe: list[dict[str, list[float]]] = []
+        total: list[dict[str, list[float]]] = []
+        cpu: list[dict[str, float]] = []
+        for i in range(WARMUP + per_round * rounds):
+            k = i - WARMUP
+            if k >= 0 and k % per_round == 0:  # a new round: its lists, its CPU baseline
+                ttfe.append({name: [] for name in keys})
+                total.append({name: [] for name in keys})
+                cpu.append({name: relays[name].cpu_ns() for name in CONTENDERS})
+            turns = {"direct": await http_turn(session, sim_url, body)}
+            for name in CONTENDERS if i % 2 == 0 else CONTENDERS[::-1]:
+                turns[name] = await ws_turn(sockets[name], frames[name])
+            if k >= 0:
+                for name, turn in turns.items():
+                    ttfe[-1][name].append(turn.ttfe)
+                    total[-1][name].append(turn.total)
+            if k >= 0 and (k + 1) % per_round == 0:  # the round's CPU per turn, in ms
+                for name in CONTENDERS:
+                    cpu[-1][name] = (relays[name].cpu_ns() - cpu[-1][name]) / per_round / 1e6
     finally:
-        await ws.close()
-    out: dict[str, Any] = {"history_bytes": len(body), "samples": samples}
-    for key in ("ttfe", "total"):
+        await asyncio.gather(*(ws.close() for ws in sockets.values()), return_exceptions=True)
+    out: dict[str, Any] = {"history_bytes": len(body), "samples": per_round * rounds}
+    every = {
+        key: {name: [v for r in rows for v in r[name]] for name in keys}
+        for key, rows in (("ttfe", ttfe), ("total", total))
+    }
+    for key, values in every.items():
         for p in (50, 99):
-            dp, wp = percentile(direct[key], p), percentile(proxied[key], p)
+            dp, wp = percentile(values["direct"], p), percentile(values["wsmode"], p)
             out[f"{key}_p{p}_direct_ms"] = ms(dp)
             out[f"{key}_p{p}_wsmode_ms"] = ms(wp)
             out[f"{key}_p{p}_added_ms"] = ms(wp - dp)
+            out[f"{key}_p{p}_bare_added_ms"] = ms(percentile(values["bare"], p) - dp)
+    out["proxy_cpu_ms_per_turn"] = round(median([c["wsmode"] for c in cpu]), 3)
+    out["bare_cpu_ms_per_turn"] = round(median([c["bare"] for c in cpu]), 3)
+    # wsmode / bare relay, one value per round. Time to first event as a whole, not minus
+    # direct: "wsmode adds no more than the bare relay" is the same bound (1.0x), and a
+    # ratio of two small differences would swing past zero with the noise.
+    out["ratio"] = {
+        f"ttfe_p{p}": spread([percentile(r["wsmode"], p) / percentile(r["bare"], p) for r in ttfe])
+        for p in (50, 99)
+    }
+    out["ratio"]["cpu_per_turn"] = spread([c["wsmode"] / c["bare"] for c in cpu])
     return out
 
 
@@ -162,11 +203,15 @@ async def run(
     log: Callable[[str], None],
     store_sizes: tuple[int, int] | None = None,
     call_sizes: tuple[int, int] | None = None,
+    rounds: int = 5,
 ) -> dict[str, Any]:
     servers = Servers()
     try:
         sim = await start_sim(servers, sim_env(ttft_ms=0, tokens_per_second=0, output_tokens=16))
-        proxy = await start_proxy(servers, f"{sim.base}/v1")
+        relays = {
+            "wsmode": await start_proxy(servers, f"{sim.base}/v1"),
+            "bare": await start_bare(servers, f"{sim.base}/v1"),
+        }
         results = []
         connector = aiohttp.TCPConnector(limit=1)  # one keep-alive connection, as an SDK
         async with (
@@ -174,27 +219,30 @@ async def run(
             aiohttp.ClientSession() as ws_session,
         ):
             for size in sizes:
-                cpu0 = proxy.cpu_ns()
                 r = await _size(
                     session,
                     ws_session,
                     f"{sim.base}/v1/responses",
-                    f"ws://{proxy.host}:{proxy.port}/v1/responses",
+                    relays,
                     size,
                     samples[size],
+                    max(1, rounds),
                 )
-                turns = samples[size] + WARMUP + 1
-                r["proxy_cpu_ms_per_turn"] = round((proxy.cpu_ns() - cpu0) / turns / 1e6, 3)
+                ratio = r["ratio"]
                 log(
-                    f"  overhead {size // 1024} KiB: ttfe p50 +{r['ttfe_p50_added_ms']:.3f} ms, "
-                    f"p99 +{r['ttfe_p99_added_ms']:.3f} ms"
+                    f"  overhead {size // 1024} KiB: ttfe p50 +{r['ttfe_p50_added_ms']:.3f} ms"
+                    f" (bare relay +{r['ttfe_p50_bare_added_ms']:.3f} ms,"
+                    f" {ratio['ttfe_p50']['median']:.2f}x), CPU/turn"
+                    f" {r['proxy_cpu_ms_per_turn']:.3f} ms (bare relay"
+                    f" {r['bare_cpu_ms_per_turn']:.3f} ms, {ratio['cpu_per_turn']['median']:.2f}x)"
                 )
                 results.append(r)
         store = store_puts(store_sizes, log) if store_sizes else None
         calls = tool_output_check(call_sizes, log) if call_sizes else None
         return {
+            "rounds": max(1, rounds),
             "sizes": results,
-            "build": build_body(sizes, samples=200),
+            "build": build_body(sizes, samples=200, rounds=max(1, rounds)),
             "store": store,
             "calls": calls,
         }
@@ -202,8 +250,10 @@ async def run(
         servers.stop_all()
 
 
-def build_body(sizes: list[int], samples: int) -> list[dict[str, Any]]:
-    """CPU to turn a continuation into the upstream body, per history size (in process)."""
+def build_body(sizes: list[int], samples: int, rounds: int = 1) -> list[dict[str, Any]]:
+    """CPU to turn a continuation into the upstream body, per history size (in process), and
+    the same over one copy of the body's bytes (`bytearray(body)`): the copy that joining the
+    cached pieces has to make anyway, so the ratio is what building costs on top of it."""
     out = []
     for size in sizes:
         items = history(size)
@@ -223,20 +273,28 @@ def build_body(sizes: list[int], samples: int) -> list[dict[str, Any]]:
             }
         )
         times: list[float] = []
+        copies: list[float] = []
         for i in range(samples + WARMUP):
             t0 = time.perf_counter()
             start = next(a for a in session.client_message(frame) if isinstance(a, StartUpstream))
             body = request_body(start.body)
             t1 = time.perf_counter()
+            copy = bytearray(body)
+            t2 = time.perf_counter()
             if i >= WARMUP:
                 times.append(t1 - t0)
-            del body
+                copies.append(t2 - t1)
+            del body, copy
             _finish(session, start.run_id, f"resp_{i}")
+        n = max(1, len(times) // rounds)
+        chunks = [slice(k, k + n) for k in range(0, n * rounds, n)]
         out.append(
             {
                 "history_bytes": len(orjson.dumps(items)),
                 "p50_ms": ms(median(times)),
                 "p99_ms": ms(percentile(times, 99)),
+                "copy_p50_ms": ms(median(copies)),
+                "ratio_to_copy": spread([median(times[c]) / median(copies[c]) for c in chunks]),
             }
         )
     return out

@@ -227,6 +227,13 @@ async def start_proxy(
     return await servers.start("wsmode", cmd, host, port, env)
 
 
+async def start_bare(servers: Servers, upstream: str, host: str = "127.0.0.1") -> Server:
+    """The bare relay (proxy/bench/bare.py): the baseline wsmode's ratios are taken to."""
+    port = free_port(host)
+    cmd = [sys.executable, "-m", "wsmode.bench.bare", "--host", host, "--port", str(port)]
+    return await servers.start("bare", [*cmd, "--upstream", upstream], host, port)
+
+
 async def start_sidecar(servers: Servers, upstream: str, host: str = "127.0.0.1") -> Server:
     """`wsmode sidecar --upstream URL` (issue 5), on a port of ours when it takes `--port`."""
     opts = cli_options("sidecar")

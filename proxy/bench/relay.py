@@ -12,9 +12,13 @@ those frames.
   reach wsmode in writes of up to 64 KiB);
 - paced: each stream is token-paced, one event per upstream write, at `paced_tps` events/s
   per stream;
-- latency: one paced stream, the model stamping each event; wsmode's added latency per
-  event is p50/p99 of (arrival - stamp) through wsmode minus the same straight from the model
-  over HTTP, runs interleaved.
+- latency: one paced stream, the model stamping each event; the latency per event is
+  p50/p99 of (arrival - stamp), through wsmode, through the bare relay and straight from the
+  model over HTTP, runs interleaved.
+
+Every measurement runs twice per round, once through wsmode and once through the bare relay
+(proxy/bench/bare.py, the baseline), in alternating order; the targets are the per-round
+ratios wsmode / bare relay, reported as their median and range over `rounds` rounds.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ import aiohttp
 import orjson
 
 from .clients import Turn, http_turn, ws_connect, ws_turn
-from .procs import BenchError, Server, Servers, sim_env, start_proxy, start_sim
-from .stats import percentile
+from .procs import BenchError, Server, Servers, sim_env, start_bare, start_proxy, start_sim
+from .stats import median, percentile, spread
 
 CONNECT_CONCURRENCY = 100  # connections opened at once (the listen backlog is 128)
 
@@ -45,6 +49,7 @@ class RelayPlan:
     latency_tokens: int = 200
     latency_runs: int = 5
     loop: str = "asyncio"  # wsmode's event loop: "asyncio" or "uvloop"
+    rounds: int = 3  # each contender's measurements, interleaved wsmode/bare, bare/wsmode
 
 
 def _create(tokens: int, stamp: bool = False) -> bytes:
@@ -52,7 +57,14 @@ def _create(tokens: int, stamp: bool = False) -> bytes:
     if stamp:
         meta["sim_stamp"] = "true"
     return orjson.dumps(
-        {"type": "response.create", "model": "sim", "input": "go", "store": False, "metadata": meta}
+        {
+            "type": "response.create",
+            "model": "sim",
+            "input": "go",
+            "store": False,
+            "stream": True,  # wsmode ignores it (as Codex sends it); the bare relay needs it
+            "metadata": meta,
+        }
     )
 
 
@@ -103,6 +115,9 @@ async def _round(
     }
 
 
+CONTENDERS = ("wsmode", "bare")
+
+
 async def _measure(
     session: aiohttp.ClientSession,
     proxy: Server,
@@ -113,14 +128,57 @@ async def _measure(
 ) -> dict[str, Any]:
     sockets = await _open(session, f"ws://{proxy.host}:{proxy.port}/v1/responses", n)
     try:
-        await _round(sockets, _create(8), 1, proxy, sim)  # warm: wsmode's upstream pool is open
+        await _round(sockets, _create(8), 1, proxy, sim)  # warm: the upstream pool is open
         return await _round(sockets, _create(tokens), per_socket, proxy, sim)
     finally:
         await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
 
 
+def _order(r: int) -> tuple[str, ...]:
+    """Round r's order of the contenders: A B, then B A, so a drift favours neither."""
+    return CONTENDERS if r % 2 == 0 else CONTENDERS[::-1]
+
+
+async def _interleaved(
+    session: aiohttp.ClientSession,
+    relays: dict[str, Server],
+    sim: Server,
+    n: int,
+    tokens: int,
+    per_socket: int,
+    rounds: int,
+) -> dict[str, Any]:
+    """`rounds` measurements of each contender, interleaved, and wsmode/bare per round."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in CONTENDERS}
+    for r in range(rounds):
+        for name in _order(r):
+            runs[name].append(await _measure(session, relays[name], sim, n, tokens, per_socket))
+    ws, bare = runs["wsmode"], runs["bare"]
+    return {
+        "connections": n,
+        "events": sum(x["events"] for x in ws),
+        # wsmode's medians, then the bare relay's, then the ratios, then every round
+        "events_per_s": round(median([x["events_per_s"] for x in ws])),
+        "proxy_cpu_us_per_event": round(median([x["proxy_cpu_us_per_event"] for x in ws]), 2),
+        "bare_events_per_s": round(median([x["events_per_s"] for x in bare])),
+        "bare_cpu_us_per_event": round(median([x["proxy_cpu_us_per_event"] for x in bare]), 2),
+        "ratio": {
+            "events_per_s": spread(
+                [w["events_per_s"] / b["events_per_s"] for w, b in zip(ws, bare, strict=True)]
+            ),
+            "cpu_per_event": spread(
+                [
+                    w["proxy_cpu_us_per_event"] / b["proxy_cpu_us_per_event"]
+                    for w, b in zip(ws, bare, strict=True)
+                ]
+            ),
+        },
+        "rounds": runs,
+    }
+
+
 async def _latency(
-    session: aiohttp.ClientSession, sim: Server, proxy: Server, plan: RelayPlan
+    session: aiohttp.ClientSession, sim: Server, relays: dict[str, Server], plan: RelayPlan
 ) -> dict[str, Any]:
     body = orjson.dumps(
         {
@@ -132,49 +190,78 @@ async def _latency(
         }
     )
     frame = _create(plan.latency_tokens, stamp=True)
-    direct: list[int] = []
-    proxied: list[int] = []
-    ws = await ws_connect(session, f"ws://{proxy.host}:{proxy.port}/v1/responses")
+    per_run: dict[str, list[list[int]]] = {"direct": [], **{name: [] for name in CONTENDERS}}
+    sockets = {
+        name: await ws_connect(session, f"ws://{s.host}:{s.port}/v1/responses")
+        for name, s in relays.items()
+    }
     try:
-        for _ in range(plan.latency_runs + 1):  # the first pair warms up
+        for r in range(max(1, plan.latency_runs) + 1):  # the first run warms every path up
             d: Turn = await http_turn(session, f"{sim.base}/v1/responses", body, stamps=True)
-            w: Turn = await ws_turn(ws, frame, stamps=True)
-            direct += d.stamps
-            proxied += w.stamps
-        skip = plan.latency_tokens + 8
-        direct, proxied = direct[skip:], proxied[skip:]
+            got = {"direct": d.stamps}
+            for name in _order(r):
+                got[name] = (await ws_turn(sockets[name], frame, stamps=True)).stamps
+            if r:
+                for name, stamps in got.items():
+                    per_run[name].append(stamps)
     finally:
-        await ws.close()
-    out: dict[str, Any] = {"events": len(proxied)}
+        await asyncio.gather(*(ws.close() for ws in sockets.values()), return_exceptions=True)
+    out: dict[str, Any] = {"events": sum(len(x) for x in per_run["wsmode"])}
+    every = {name: [v for run in runs for v in run] for name, runs in per_run.items()}
     for p in (50, 99):
-        dp, wp = percentile(direct, p) / 1e6, percentile(proxied, p) / 1e6
-        out[f"p{p}_direct_ms"] = round(dp, 4)
-        out[f"p{p}_wsmode_ms"] = round(wp, 4)
-        out[f"p{p}_added_ms"] = round(wp - dp, 4)
+        lat = {name: percentile(values, p) / 1e6 for name, values in every.items()}
+        out[f"p{p}_direct_ms"] = round(lat["direct"], 4)
+        out[f"p{p}_wsmode_ms"] = round(lat["wsmode"], 4)
+        out[f"p{p}_bare_ms"] = round(lat["bare"], 4)
+        out[f"p{p}_added_ms"] = round(lat["wsmode"] - lat["direct"], 4)
+        out[f"p{p}_ratio"] = spread(
+            [
+                percentile(w, p) / percentile(b, p)
+                for w, b in zip(per_run["wsmode"], per_run["bare"], strict=True)
+            ]
+        )
     return out
 
 
+async def _start(
+    servers: Servers, sim: Server, env: dict[str, str], loop: str
+) -> dict[str, Server]:
+    return {
+        "wsmode": await start_proxy(servers, f"{sim.base}/v1", env=env, loop=loop),
+        "bare": await start_bare(servers, f"{sim.base}/v1"),
+    }
+
+
+def _line(r: dict[str, Any]) -> str:
+    ratio = r["ratio"]
+    return (
+        f"{r['events_per_s']:,} events/s, {r['proxy_cpu_us_per_event']} us CPU/event; "
+        f"bare relay {r['bare_events_per_s']:,}, {r['bare_cpu_us_per_event']} us "
+        f"(wsmode/bare: rate {ratio['events_per_s']['median']:.2f}x, "
+        f"CPU {ratio['cpu_per_event']['median']:.2f}x)"
+    )
+
+
 async def run(plan: RelayPlan, log: Callable[[str], None]) -> dict[str, Any]:
-    out: dict[str, Any] = {"loop": plan.loop, "fast": [], "paced": {}, "latency": {}}
+    out: dict[str, Any] = {"loop": plan.loop, "rounds": plan.rounds, "fast": [], "paced": {}}
+    out["latency"] = {}
     biggest = max(*plan.connections, plan.paced_streams)
     env = {
         "WSMODE_UPSTREAM_MAX_CONNECTIONS": str(biggest + 16),
         "WSMODE_SERVER_LOG_LEVEL": "WARNING",
     }
+    rounds = max(1, plan.rounds)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         servers = Servers()
         try:
             sim = await start_sim(servers, sim_env(ttft_ms=0, tokens_per_second=0, output_tokens=8))
-            proxy = await start_proxy(servers, f"{sim.base}/v1", env=env, loop=plan.loop)
+            relays = await _start(servers, sim, env, plan.loop)
             for n in plan.connections:
                 per = max(1, plan.fast_events // n)
-                tokens, rounds = (per, 1) if n > 1 else (min(per, 10_000), max(1, per // 10_000))
-                r = await _measure(session, proxy, sim, n, tokens, rounds)
-                log(
-                    f"  relay fast {n} connection(s): {r['events_per_s']:,} events/s, "
-                    f"{r['proxy_cpu_us_per_event']} us CPU/event"
-                )
+                tokens, turns = (per, 1) if n > 1 else (min(per, 10_000), max(1, per // 10_000))
+                r = await _interleaved(session, relays, sim, n, tokens, turns, rounds)
+                log(f"  relay fast {n} connection(s): {_line(r)}")
                 out["fast"].append(r)
         finally:
             servers.stop_all()
@@ -183,14 +270,11 @@ async def run(plan: RelayPlan, log: Callable[[str], None]) -> dict[str, Any]:
             sim = await start_sim(
                 servers, sim_env(ttft_ms=0, tokens_per_second=plan.paced_tps, output_tokens=8)
             )
-            proxy = await start_proxy(servers, f"{sim.base}/v1", env=env, loop=plan.loop)
+            relays = await _start(servers, sim, env, plan.loop)
             tokens = max(1, int(plan.paced_tps * plan.paced_seconds))
-            r = await _measure(session, proxy, sim, plan.paced_streams, tokens, 1)
+            r = await _interleaved(session, relays, sim, plan.paced_streams, tokens, 1, rounds)
             r["offered_events_per_s"] = round(plan.paced_tps * plan.paced_streams)
-            log(
-                f"  relay paced {plan.paced_streams} streams x {plan.paced_tps:g} tokens/s: "
-                f"{r['events_per_s']:,} events/s, {r['proxy_cpu_us_per_event']} us CPU/event"
-            )
+            log(f"  relay paced {plan.paced_streams} streams x {plan.paced_tps:g}/s: {_line(r)}")
             out["paced"] = r
         finally:
             servers.stop_all()
@@ -199,11 +283,11 @@ async def run(plan: RelayPlan, log: Callable[[str], None]) -> dict[str, Any]:
             sim = await start_sim(
                 servers, sim_env(ttft_ms=0, tokens_per_second=1000, output_tokens=8)
             )
-            proxy = await start_proxy(servers, f"{sim.base}/v1", env=env, loop=plan.loop)
-            r = await _latency(session, sim, proxy, plan)
+            relays = await _start(servers, sim, env, plan.loop)
+            r = await _latency(session, sim, relays, plan)
             log(
-                f"  relay latency, 1 paced stream: +{r['p50_added_ms']} ms p50, "
-                f"+{r['p99_added_ms']} ms p99"
+                f"  relay latency, 1 paced stream: p50 {r['p50_wsmode_ms']} ms through wsmode,"
+                f" {r['p50_bare_ms']} ms through the bare relay, {r['p50_direct_ms']} ms direct"
             )
             out["latency"] = r
         finally:

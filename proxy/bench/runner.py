@@ -31,7 +31,7 @@ class Plan:
     main_reps: int = 3
     rtts: tuple[float, ...] = (1.0, 10.0, 40.0, 100.0)
     uplinks: tuple[float, ...] = (10.0, 100.0, 1000.0)
-    grid_reps: int = 1
+    grid_reps: int = 3  # every cell's target needs a spread: interleaved repetitions
     sizes: tuple[int, ...] = (20 * KIB, 200 * KIB, 1024 * KIB, 4096 * KIB)
     samples: tuple[int, ...] = (300, 300, 150, 100)
     relay: RelayPlan = field(default_factory=RelayPlan)
@@ -40,6 +40,7 @@ class Plan:
     store_sizes: tuple[int, int] = (1_000, 100_000)  # a small and a full response store
     call_sizes: tuple[int, int] = (20_000, 4_000_000)  # history bytes, tool-output check
     fairness: tuple[int, int] = (40, 3)  # turns per phase, alone/flooded repetitions
+    rounds: int = 5  # overhead: the samples cut into this many rounds, one ratio each
 
     def cells(self) -> list[Cell]:
         out = [Cell(*self.main, self.main_reps)]
@@ -53,14 +54,19 @@ class Plan:
 FULL = Plan("full")
 QUICK = Plan(
     "quick",
-    profile=AgentProfile(tool_calls=10),
-    main_reps=1,
+    # the full profile's turns (8 KB tool outputs), two thirds as many, and a first prompt
+    # three times as large: about as much history at the end (~230 KB vs ~270 KB), so the
+    # agent-loop targets ask the same question (re-sent history vs the ideal) in less time
+    profile=AgentProfile(tool_calls=20, first_prompt_bytes=60 * 1024),
+    main_reps=3,
     rtts=(1.0, 40.0),
     uplinks=(10.0, 1000.0),
+    grid_reps=2,
     samples=(40, 40, 30, 20),
-    relay=RelayPlan(fast_events=60_000, paced_seconds=1.0, latency_runs=2),
+    relay=RelayPlan(fast_events=60_000, paced_seconds=1.0, latency_runs=3),
     scale=(1000,),
     fairness=(20, 2),
+    rounds=4,
 )
 SMOKE = Plan(  # the end-to-end test: every scenario, as small as it gets
     "smoke",
@@ -69,8 +75,8 @@ SMOKE = Plan(  # the end-to-end test: every scenario, as small as it gets
     main_reps=1,
     rtts=(1.0,),
     uplinks=(1000.0,),
-    sizes=(20 * KIB,),
-    samples=(5,),
+    grid_reps=1,
+    samples=(2, 2, 2, 2),  # every size a target reads, two rounds of one turn
     relay=RelayPlan(
         connections=(1, 10),
         fast_events=2000,
@@ -78,13 +84,15 @@ SMOKE = Plan(  # the end-to-end test: every scenario, as small as it gets
         paced_streams=10,
         paced_seconds=0.2,
         latency_tokens=20,
-        latency_runs=1,
+        latency_runs=2,
+        rounds=2,
     ),
     scale=(20,),
     conversation_bytes=10 * KIB,
     store_sizes=(100, 2_000),
     call_sizes=(20_000, 200_000),
     fairness=(3, 1),
+    rounds=2,
 )
 PLANS = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 
@@ -104,10 +112,15 @@ def _method(plan: Plan, link: str, relay_loop: str) -> dict[str, Any]:
         "clients (aiohttp) in the bench process; all on loopback",
         "agent_loop": f"contenders interleaved A B A B in one run, median of each; link: {link}; "
         "ideal = model time (time to first token + paced tokens) + one round trip per turn",
-        "overhead": "loopback, model answers at once; HTTP direct and wsmode interleaved per turn "
-        "on one connection each, bodies pre-serialised; wsmode minus direct at p50 and p99",
-        "relay": f"wsmode CPU from /proc/PID/task/*/schedstat; events counted at the clients; "
-        f"wsmode event loop: {relay_loop}",
+        "overhead": "loopback, model answers at once; HTTP direct, wsmode and the bare relay "
+        "interleaved per turn on one connection each, bodies pre-serialised; each minus direct "
+        f"at p50 and p99; {plan.rounds} rounds, one wsmode/bare ratio each",
+        "relay": f"wsmode and the bare relay (proxy/bench/bare.py) in {plan.relay.rounds} "
+        "interleaved rounds; CPU from /proc/PID/task/*/schedstat; events counted at the "
+        f"clients; wsmode event loop: {relay_loop}",
+        "targets": "each a ratio to a baseline measured in the same run (the bare relay, HTTP "
+        "direct, the ideal, one copy of the body, the smaller size); median over the rounds "
+        "and their range; a bound inside the range reads 'within noise'",
         "scale": "wsmode VmRSS after warm-up, after opening N idle sockets, after one 100 KB "
         "turn each (store: false)",
         "fairness": "another client's turns, one at a time, alone and while a separate process "
@@ -215,7 +228,7 @@ async def run(
         elif name == "overhead":
             samples = dict(zip(plan.sizes, plan.samples, strict=True))
             results[name] = await overhead.run(
-                list(plan.sizes), samples, log, plan.store_sizes, plan.call_sizes
+                list(plan.sizes), samples, log, plan.store_sizes, plan.call_sizes, plan.rounds
             )
         elif name == "relay":
             results[name] = await relay.run(replace(plan.relay, loop=relay_loop), log)
@@ -239,6 +252,7 @@ async def run(
     for key, value in results["method"].items():
         print(f"  {key}: {value}")
     print(report.table(results))
+    print("\nREADME table (markdown)\n" + report.markdown(results))
     if json_path is not None:
         json_path.write_text(json.dumps(results, indent=2) + "\n")
         print(f"\nJSON: {json_path}")

@@ -23,3 +23,31 @@ def median(values: Sequence[float]) -> float:
 
 def ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
+
+
+PASS, FAIL, NOISE, NOT_RUN = "PASS", "FAIL", "within noise", "NOT RUN"
+
+
+def spread(values: Sequence[float]) -> dict[str, float | int]:
+    """Median, lowest and highest of one ratio measured in several rounds."""
+    xs = [float(v) for v in values if not math.isnan(v)]
+    if not xs:
+        return {"median": math.nan, "low": math.nan, "high": math.nan, "rounds": 0}
+    return {"median": median(xs), "low": min(xs), "high": max(xs), "rounds": len(xs)}
+
+
+def verdict(low: float, high: float, bound: float, at_least: bool) -> str:
+    """PASS when every round meets the bound, FAIL when none does, "within noise" when the
+    bound lies inside the rounds' range (the margin is smaller than the spread)."""
+    if math.isnan(low) or math.isnan(high):
+        return NOT_RUN
+    worst, best = (low, high) if at_least else (high, low)
+
+    def meets(value: float) -> bool:
+        return value >= bound if at_least else value <= bound
+
+    if meets(worst):
+        return PASS
+    if not meets(best):
+        return FAIL
+    return NOISE
