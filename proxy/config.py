@@ -399,6 +399,8 @@ def _validate_pool(u: UpstreamSettings) -> None:
         raise ConfigError("upstream.healthy_threshold and unhealthy_threshold must be at least 1")
     if u.session_header and not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", u.session_header):
         raise ConfigError("upstream.session_header must be a valid header name, or empty")
+
+
 STORE_BACKENDS = ("memory", "redis")
 
 

@@ -275,8 +275,7 @@ class UpstreamClient:
         if isinstance(exc, TimeoutError):
             what = "stopped sending" if started else "did not answer"
             return UpstreamError(
-                f"the upstream at {shown} {what} within "
-                f"{self.settings.read_timeout:g}s",
+                f"the upstream at {shown} {what} within {self.settings.read_timeout:g}s",
                 status=502 if started else 504,
                 started=started,
                 code="upstream_timeout",
