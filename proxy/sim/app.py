@@ -22,6 +22,12 @@ at 0 the events are joined into writes of up to 64 KiB. For latency benchmarks,
 before it is serialised and written, and `metadata.sim_output_tokens: "N"` overrides
 `output_tokens` for that request. `metadata.sim_echo: "partial"` makes the response objects
 those of a server that echoes little (`events.partial_response`).
+
+Prefix cache (sim/prefix_cache.py, off by default): with `prefix_cache_tokens` above 0 each
+process keeps an LRU of prompt blocks and reports the tokens found there as cached in the
+usage; with `prefill_tokens_per_second` above 0 a request waits, before anything is written,
+for its uncached tokens to be prefilled at that speed, one request at a time per process (a
+replica's prefill is one shared resource). `GET /sim/stats` adds the cache's totals.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ from ..core import wire
 from .chat import chat_completions
 from .events import response_events
 from .http import error, inject_fault, read_request
-from .model import count_tokens, plan, tokenize
+from .model import count_tokens, input_items, plan, tokenize
+from .prefix_cache import Lookup, PrefixCache, prompt_bytes
 from .settings import SimSettings
 
 
@@ -59,6 +66,32 @@ class SimState:
     tokenize_calls: int = 0
     moderations: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=10_000))
     last_headers: dict[str, str] = field(default_factory=dict)  # of the latest request
+    prefix_cache: PrefixCache | None = None  # built from the settings (__post_init__)
+    prefill_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one prefill at a time
+
+    def __post_init__(self) -> None:
+        cfg = self.settings
+        if cfg.prefix_cache_tokens > 0:
+            self.prefix_cache = PrefixCache(cfg.prefix_cache_tokens, cfg.prefix_cache_block_tokens)
+
+    async def prefill(self, prompt: bytes) -> Lookup:
+        """Look `prompt` up in the prefix cache, wait for its uncached tokens to be prefilled
+        (one request at a time), then keep its blocks. The lookup says what was cached."""
+        cache = self.prefix_cache
+        found = cache.lookup(prompt) if cache is not None else Lookup(-(-len(prompt) // 4), 0)
+        speed = self.settings.prefill_tokens_per_second
+        if speed > 0:
+            async with self.prefill_lock:
+                await asyncio.sleep((found.tokens - found.cached) / speed)
+        if cache is not None:
+            cache.insert(prompt)
+        return found
+
+    def answered(self, prompt: bytes, output: Any) -> None:
+        """Keep the blocks of the prompt followed by the answer's items, as a server caching
+        the generated tokens does: the next turn's prompt starts with them."""
+        if self.prefix_cache is not None and isinstance(output, list):
+            self.prefix_cache.insert(prompt + prompt_bytes(None, output))
 
     @contextmanager
     def streaming(self) -> Iterator[None]:
@@ -127,6 +160,8 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         return error(code, f"simulated upstream failure {code}", "server_error")
     after = int(arg) if arg.isdigit() else 3
 
+    prompt = prompt_bytes(body.get("instructions"), input_items(body))
+    prefilled = await state.prefill(prompt)
     tokens = str(meta.get("sim_output_tokens") or "")  # metadata values are strings in the API
     p = plan(
         body,
@@ -137,7 +172,8 @@ async def _responses(request: web.Request) -> web.StreamResponse:
     )
     if body.get("stream") is not True:
         # non-streaming: the terminal response object, as the HTTP API returns it
-        final = list(response_events(body, p))[-1]["response"]
+        final = list(response_events(body, p, cached=prefilled.cached))[-1]["response"]
+        state.answered(prompt, final.get("output"))
         state.completed += 1
         return web.Response(body=wire.dumps(final), content_type="application/json")
     resp = web.StreamResponse(
@@ -153,7 +189,8 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         size = 0
         current: dict[str, Any] = {}  # the response object of the latest lifecycle event
         echo = str(meta.get("sim_echo") or "full")  # "partial": a server that echoes little
-        for i, ev in enumerate(response_events(body, p, echo=echo)):
+        events = response_events(body, p, echo=echo, cached=prefilled.cached)
+        for i, ev in enumerate(events):
             if kind == "failed" and i == after:
                 pending += (_sse(_failed_event(ev, current, arg)), b"data: [DONE]\n\n")
                 await resp.write(b"".join(pending))
@@ -186,6 +223,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
                 pending, size = [], 0
         pending.append(b"data: [DONE]\n\n")
         await resp.write(b"".join(pending))
+        state.answered(prompt, current.get("output"))
         state.completed += 1
         return resp
 
@@ -270,8 +308,23 @@ async def _stats(request: web.Request) -> web.Response:
             "active": s.active,
             "requests": len(s.requests),
             "tokenize_calls": s.tokenize_calls,
+            **_cache_stats(s.prefix_cache),
         }
     )
+
+
+def _cache_stats(cache: PrefixCache | None) -> dict[str, Any]:
+    if cache is None:
+        return {}
+    return {
+        "prefix_cache": {
+            "lookups": cache.lookups,
+            "prompt_tokens": cache.prompt_tokens,
+            "cached_tokens": cache.cached_tokens,
+            "tokens": cache.tokens,
+            "evictions": cache.evictions,
+        }
+    }
 
 
 async def _models(request: web.Request) -> web.Response:
