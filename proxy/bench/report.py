@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from .affinity import DEFAULT as AFFINITY_DEFAULT
 from .agent import AgentProfile
 
 KIB = 1024
@@ -89,6 +90,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     worst_byte = max((r["rss_per_cached_byte"] for r in runs), default=nan)
     worst_conn = max((r["kb_per_idle_connection"] for r in runs), default=nan)
     fair = results.get("fairness", {}).get("read rate 1000/s (default)", {})
+    aff = results.get("affinity", {})
+    if aff.get("profile") != asdict(AFFINITY_DEFAULT):  # the targets are for the default
+        aff = {}
     # (what, the target as shown, the measured value, whether it meets the target, unit)
     rows: list[tuple[str, str, float, Callable[[float], bool], str]] = [
         ("agent loop: WebSocket mode vs HTTP direct (speed ratio)", ">= 1.40x",
@@ -125,6 +129,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
          worst_conn, _at_most(30), "KB"),
         ("another client's turn p50 while one floods small frames", "<= 2x alone",
          fair.get("ratio", nan), _at_most(2.0), "x"),
+        ("affinity: wsmode's cached-token share vs the ideal's", ">= 0.95x",
+         aff.get("cached_share_affinity_over_ideal") or nan, _at_least(0.95), "x"),
+        ("affinity: TTFT p50, round-robin balancer / wsmode affinity", ">= 3x",
+         aff.get("ttft_p50_round_robin_over_affinity") or nan, _at_least(3.0), "x"),
     ]  # fmt: skip
     return [_target(*r) for r in rows]
 
@@ -220,6 +228,28 @@ def table(results: dict[str, Any]) -> str:
                 f" {r['kb_per_idle_connection']:.1f} KB/idle connection,"
                 f" {r['rss_per_cached_byte']:.2f}x per cached byte,"
                 f" RSS {r['rss_cached_mb']:.0f} MB, errors {sum(r['errors'].values())}"
+            )
+    aff = results.get("affinity")
+    if aff:
+        prof = aff["profile"]
+        lines.append(
+            f"\naffinity  ({prof['conversations']} conversations x {prof['turns']} turns over"
+            f" {prof['replicas']} replicas, cache {aff['cache_tokens_per_replica']:,} tokens per"
+            f" replica of a {aff['working_set_tokens']:,}-token working set)"
+        )
+        lines.append(
+            f"  {'contender':<16} {'TTFT p50':>10} {'TTFT p99':>10} {'turn p50':>10}"
+            f" {'wall s':>8} {'cached':>7}"
+        )
+        for name, c in aff["contenders"].items():
+            if "not_run" in c:
+                lines.append(f"  {name:<16} not run: {c['not_run']}")
+                continue
+            share = "-" if c["cached_share"] is None else f"{c['cached_share']:.1%}"
+            lines.append(
+                f"  {name:<16} {c['ttft_p50_ms']:>8.1f}ms {c['ttft_p99_ms']:>8.1f}ms"
+                f" {c['turn_p50_ms']:>8.1f}ms {c['wall_s']:>8.2f} {share:>7}"
+                + (f"  ERRORS {len(c['errors'])}" if c["errors"] else "")
             )
     lines.append("\ntargets")
     for t in results["targets"]:

@@ -3,10 +3,13 @@ the documented structure. Timings are not checked (benchmarks measure; tests che
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from wsmode.config import UpstreamSettings
 
 from tests.helpers import seconds
 
@@ -15,7 +18,7 @@ SCENARIOS = ("agent-loop", "overhead", "relay", "scale", "fairness")
 
 def test_smallest_bench_run_writes_a_complete_report(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, "-m", "wsmode", "bench", "--smoke", "--link", "shim"]
+    cmd = [sys.executable, "-m", "wsmode", "bench", *SCENARIOS, "--smoke", "--link", "shim"]
     proc = subprocess.run(
         [*cmd, "--json", str(out), "--png", ""],
         capture_output=True,
@@ -67,8 +70,9 @@ def test_smallest_bench_run_writes_a_complete_report(tmp_path: Path) -> None:
 
     results = {t["result"] for t in report["targets"]}
     assert results <= {"PASS", "FAIL", "NOT RUN"}
-    # issue 11 added the store and the fairness rows, issue 12 the tool-output check
-    assert len(report["targets"]) == 17
+    # issue 11 added the store and the fairness rows, issue 12 the tool-output check, issue 13
+    # the two affinity rows (not run here: test_affinity_bench_smoke runs that scenario)
+    assert len(report["targets"]) == 19
     assert "targets" in proc.stdout and "method" in proc.stdout
 
 
@@ -101,3 +105,53 @@ def test_call_check_bench_runs_as_a_module(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "large/small" in proc.stdout
     assert all(row in proc.stdout for row in ("check", "inherit")), proc.stdout
+
+
+def _has_upstream_pool() -> bool:
+    names = {f.name for f in dataclasses.fields(UpstreamSettings)}
+    return {"urls", "affinity"} <= names
+
+
+def test_affinity_bench_smoke(tmp_path: Path) -> None:
+    """`wsmode bench affinity --smoke`: four contenders over two prefix-caching sims, each
+    with its TTFT, turn time and cached share. The wsmode contenders need the upstream pool
+    (`upstream.urls`, `upstream.affinity`); a wsmode without it must not pass quietly: the
+    run reports the other two and exits with an error that says why."""
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "wsmode", "bench", "affinity", "--smoke"]
+    proc = subprocess.run(
+        [*cmd, "--json", str(out), "--png", ""],
+        capture_output=True,
+        text=True,
+        timeout=seconds(180),
+        cwd=tmp_path,
+        check=False,
+    )
+    report = json.loads(out.read_text())
+    aff = report["affinity"]
+    contenders = aff["contenders"]
+    assert list(contenders) == ["round-robin", "wsmode-none", "wsmode-affinity", "ideal"]
+    expected = aff["profile"]["conversations"] * aff["profile"]["turns"]
+    run = ["round-robin", "ideal"]
+    if _has_upstream_pool():
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        run += ["wsmode-none", "wsmode-affinity"]
+        assert aff["errors"] == []
+        assert aff["ttft_p50_round_robin_over_affinity"] > 0
+        assert aff["cached_share_affinity_over_ideal"] > 0
+    else:
+        assert proc.returncode != 0
+        assert "upstream.urls" in proc.stderr and "not run" in proc.stderr, proc.stderr[-2000:]
+        for name in ("wsmode-none", "wsmode-affinity"):
+            assert "upstream.urls" in contenders[name]["not_run"]
+    for name in run:
+        c = contenders[name]
+        assert c["errors"] == [] and c["turns"] == expected, c
+        assert c["ttft_p50_ms"] > 0 and c["ttft_p99_ms"] >= c["ttft_p50_ms"]
+        assert 0 < c["cached_share"] < 1 and c["prompt_tokens"] > c["cached_tokens"]
+        assert sum(r["requests"] for r in c["replicas"]) == expected
+    # later turns find their history on the replica that has it: the ideal caches more
+    assert contenders["ideal"]["cached_share"] > contenders["round-robin"]["cached_share"]
+    names = {t["name"] for t in report["targets"]}
+    assert any(n.startswith("affinity: TTFT p50") for n in names)
+    assert "affinity" in proc.stdout and "targets" in proc.stdout
