@@ -106,3 +106,11 @@ async def sidecar_factory() -> AsyncIterator[Callable[..., Awaitable[Sidecar]]]:
 def llamacpp() -> Iterator[str]:
     """The base URL (…/v1) of the real llama.cpp server, started once per session."""
     yield from serve_llamacpp()
+
+
+@pytest.fixture(scope="session")
+def llamacpp_pair(llamacpp: str) -> Iterator[tuple[str, str]]:
+    """Two real llama.cpp servers (…/v1): `llamacpp` and a second one on its own free port,
+    both for the rest of the session (two replicas of one model server)."""
+    for second in serve_llamacpp("server-2"):
+        yield llamacpp, second

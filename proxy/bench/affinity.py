@@ -51,19 +51,19 @@ _WORDS = "alpha beta gamma delta kappa sigma omega river stone cloud paper linen
 
 @dataclass(frozen=True)
 class AffinityProfile:
-    conversations: int = 32
-    turns: int = 10
-    replicas: int = 4
+    conversations: int = 32  # all at once
+    turns: int = 16
+    replicas: int = 8
     instructions_tokens: int = 200  # the same instructions in every conversation
-    turn_tokens: int = 800  # each turn's new user message
+    turn_tokens: int = 400  # each turn's new user message
     output_tokens: int = 20  # each answer, in the sim's words
-    prefill_tokens_per_second: float = 40_000.0  # per replica, for uncached prompt tokens
+    prefill_tokens_per_second: float = 5000.0  # per replica, for uncached prompt tokens
     tokens_per_second: float = 1000.0  # decoding, per stream
     ttft_ms: float = 5.0  # from the end of prefill to the first token
     # each replica's cache over its even share of the working set (working set / replicas):
-    # 2.0 lets a replica hold the conversations affinity gives it with room for unevenness,
-    # and half of all of them, which is what round robin would need it to hold
-    cache_share: float = 2.0
+    # 1.5 holds the conversations affinity gives a replica, with room for unevenness, and
+    # under a fifth of all of them, which is what round robin would need it to hold
+    cache_share: float = 1.5
     block_tokens: int = 16
     turn_timeout: float = 120.0  # seconds; a turn slower than this fails the contender
 
@@ -77,7 +77,7 @@ class AffinityProfile:
 
 
 DEFAULT = AffinityProfile()
-QUICK = AffinityProfile(conversations=16, turns=8, replicas=4, turn_tokens=600)
+QUICK = AffinityProfile(conversations=16, turns=10, replicas=4)
 SMOKE = AffinityProfile(
     conversations=4,
     turns=3,
@@ -293,7 +293,8 @@ async def run_contender(
     servers = Servers()
     try:
         cache = UNBOUNDED if name == "ideal" else p.cache_tokens()
-        replicas = [await start_sim(servers, _sim_env(p, cache)) for _ in range(p.replicas)]
+        env = _sim_env(p, cache)
+        replicas = list(await asyncio.gather(*(start_sim(servers, env) for _ in range(p.replicas))))
         for r in replicas:  # every replica has seen the shared instructions, as in production
             await _warm_up(session, r, p)
         converse: Conversation
