@@ -150,6 +150,12 @@ def test_affinity_bench_smoke(tmp_path: Path) -> None:
         assert c["ttft_p50_ms"] > 0 and c["ttft_p99_ms"] >= c["ttft_p50_ms"]
         assert 0 < c["cached_share"] < 1 and c["prompt_tokens"] > c["cached_tokens"]
         assert sum(r["requests"] for r in c["replicas"]) == expected
+    # the balancer takes the replicas in turn, the ideal spreads conversations evenly
+    for name in ("round-robin", "ideal"):
+        served = [r["requests"] for r in contenders[name]["replicas"]]
+        assert max(served) - min(served) <= aff["profile"]["turns"], served
+    served = [r["requests"] for r in contenders["round-robin"]["replicas"]]
+    assert max(served) - min(served) <= 1, served
     # later turns find their history on the replica that has it: the ideal caches more
     assert contenders["ideal"]["cached_share"] > contenders["round-robin"]["cached_share"]
     names = {t["name"] for t in report["targets"]}

@@ -6,6 +6,7 @@ usage the sim reports."""
 from __future__ import annotations
 
 import pytest
+from wsmode.config import ConfigError, load_settings
 from wsmode.sim.model import count_tokens
 from wsmode.sim.prefix_cache import PrefixCache, prompt_bytes
 
@@ -124,3 +125,21 @@ def test_the_prompt_counts_the_tokens_the_usage_reports_and_ignores_ids() -> Non
     assert prompt_bytes("be brief", renamed) == prompt
     # the role is part of the prompt: the same text said by another role is another prompt
     assert prompt_bytes(None, [{**items[0], "role": "system"}]) != prompt_bytes(None, items[:1])
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("prefix_cache_tokens", -1),
+        ("prefill_tokens_per_second", -5.0),
+        ("prefix_cache_block_tokens", 0),
+    ],
+)
+def test_the_settings_refuse_impossible_values(key: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=key):
+        load_settings(None, {}, {f"sim.{key}": value})
+
+
+def test_the_cache_is_off_by_default() -> None:
+    sim = load_settings(None, {}, {}).sim
+    assert (sim.prefix_cache_tokens, sim.prefill_tokens_per_second) == (0, 0.0)
