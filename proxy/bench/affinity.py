@@ -294,7 +294,9 @@ async def run_contender(
     try:
         cache = UNBOUNDED if name == "ideal" else p.cache_tokens()
         env = _sim_env(p, cache)
-        replicas = list(await asyncio.gather(*(start_sim(servers, env) for _ in range(p.replicas))))
+        # one at a time: K interpreters starting at once on a busy machine can miss the
+        # start-up timeout
+        replicas = [await start_sim(servers, env) for _ in range(p.replicas)]
         for r in replicas:  # every replica has seen the shared instructions, as in production
             await _warm_up(session, r, p)
         converse: Conversation
