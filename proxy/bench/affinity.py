@@ -57,7 +57,7 @@ class AffinityProfile:
     instructions_tokens: int = 200  # the same instructions in every conversation
     turn_tokens: int = 400  # each turn's new user message
     output_tokens: int = 20  # each answer, in the sim's words
-    prefill_tokens_per_second: float = 5000.0  # per replica, for uncached prompt tokens
+    prefill_tokens_per_second: float = 2500.0  # per replica, for uncached prompt tokens
     tokens_per_second: float = 1000.0  # decoding, per stream
     ttft_ms: float = 5.0  # from the end of prefill to the first token
     # each replica's cache over its even share of the working set (working set / replicas):
@@ -300,8 +300,9 @@ async def run_contender(
         for r in replicas:  # every replica has seen the shared instructions, as in production
             await _warm_up(session, r, p)
         converse: Conversation
+        front: Server | None = None  # the process between clients and replicas, if any
         if name == "round-robin":
-            balancer = await _start_balancer(servers, replicas)
+            balancer = front = await _start_balancer(servers, replicas)
             converse = http_conversation(lambda c: f"{balancer.base}/v1/responses")
         elif name == "ideal":
             converse = http_conversation(
@@ -309,13 +310,15 @@ async def run_contender(
             )
         else:
             affinity = "none" if name == "wsmode-none" else "conversation"
-            proxy = await _start_wsmode(servers, replicas, affinity)
+            proxy = front = await _start_wsmode(servers, replicas, affinity)
             converse = ws_conversation(f"ws://{proxy.host}:{proxy.port}/v1/responses")
         started = time.perf_counter()
+        cpu_before = front.cpu_ns() if front else 0
         runs = await asyncio.gather(
             *(converse(session, c, p) for c in range(p.conversations)), return_exceptions=True
         )
         wall = time.perf_counter() - started
+        front_cpu = (front.cpu_ns() - cpu_before) / 1e9 if front else None
         per_replica = [await _replica_stats(session, r) for r in replicas]
     finally:
         servers.stop_all()
@@ -334,6 +337,8 @@ async def run_contender(
         "prompt_tokens": prompt,
         "cached_tokens": cached,
         "cached_share": round(cached / prompt, 4) if prompt else None,
+        # CPU seconds of the balancer or wsmode process during the run (none for the ideal)
+        "front_cpu_s": None if front_cpu is None else round(front_cpu, 3),
         "replicas": per_replica,
     }
 
