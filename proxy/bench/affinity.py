@@ -77,7 +77,7 @@ class AffinityProfile:
 
 
 DEFAULT = AffinityProfile()
-QUICK = AffinityProfile(conversations=16, turns=10, replicas=4)
+QUICK = AffinityProfile(conversations=16, turns=8, replicas=4, prefill_tokens_per_second=5000.0)
 SMOKE = AffinityProfile(
     conversations=4,
     turns=3,
