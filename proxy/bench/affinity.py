@@ -149,7 +149,9 @@ async def _http_turn(session: aiohttp.ClientSession, url: str, body: bytes) -> T
         async for chunk in resp.content.iter_any():
             for ev in decoder.feed(chunk):
                 events += 1
-                if ev.data == b"[DONE]" or events > _MAX_EVENTS:
+                if events > _MAX_EVENTS:
+                    raise BenchError(f"no terminal event in {_MAX_EVENTS} events")
+                if ev.data == b"[DONE]":
                     continue
                 if _record(turn, ev.event or event_type(ev.data), ev.data, sent):
                     return turn

@@ -52,6 +52,12 @@ from .prefix_cache import Lookup, PrefixCache, prompt_bytes
 from .settings import SimSettings
 
 
+@dataclass(frozen=True, slots=True)
+class Prefilled:
+    prompt: bytes | None  # as the prefix cache saw it; None: the prefix-cache model is off
+    cached: int  # prompt tokens found in the cache
+
+
 @dataclass
 class SimState:
     settings: SimSettings
@@ -74,24 +80,29 @@ class SimState:
         if cfg.prefix_cache_tokens > 0:
             self.prefix_cache = PrefixCache(cfg.prefix_cache_tokens, cfg.prefix_cache_block_tokens)
 
-    async def prefill(self, prompt: bytes) -> Lookup:
-        """Look `prompt` up in the prefix cache, wait for its uncached tokens to be prefilled
-        (one request at a time), then keep its blocks. The lookup says what was cached."""
+    async def prefill(self, instructions: Any, items: list[Any]) -> Prefilled:
+        """Look the prompt up in the prefix cache, wait for its uncached tokens to be
+        prefilled (one request at a time), then keep its blocks. Nothing at all (not even
+        the prompt's layout) while the prefix-cache model is off."""
         cache = self.prefix_cache
-        found = cache.lookup(prompt) if cache is not None else Lookup(-(-len(prompt) // 4), 0)
         speed = self.settings.prefill_tokens_per_second
+        if cache is None and speed <= 0:
+            return Prefilled(None, 0)
+        prompt = prompt_bytes(instructions, items)
+        found = cache.lookup(prompt) if cache is not None else Lookup(len(prompt) // 4, 0)
         if speed > 0:
             async with self.prefill_lock:
                 await asyncio.sleep((found.tokens - found.cached) / speed)
         if cache is not None:
             cache.insert(prompt)
-        return found
+        return Prefilled(prompt, found.cached)
 
-    def answered(self, prompt: bytes, output: Any) -> None:
+    def answered(self, prefilled: Prefilled, output: Any) -> None:
         """Keep the blocks of the prompt followed by the answer's items, as a server caching
         the generated tokens does: the next turn's prompt starts with them."""
-        if self.prefix_cache is not None and isinstance(output, list):
-            self.prefix_cache.insert(prompt + prompt_bytes(None, output))
+        cache = self.prefix_cache
+        if cache is not None and prefilled.prompt is not None and isinstance(output, list):
+            cache.insert(prefilled.prompt + prompt_bytes(None, output))
 
     @contextmanager
     def streaming(self) -> Iterator[None]:
@@ -160,8 +171,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         return error(code, f"simulated upstream failure {code}", "server_error")
     after = int(arg) if arg.isdigit() else 3
 
-    prompt = prompt_bytes(body.get("instructions"), input_items(body))
-    prefilled = await state.prefill(prompt)
+    prefilled = await state.prefill(body.get("instructions"), input_items(body))
     tokens = str(meta.get("sim_output_tokens") or "")  # metadata values are strings in the API
     p = plan(
         body,
@@ -173,7 +183,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
     if body.get("stream") is not True:
         # non-streaming: the terminal response object, as the HTTP API returns it
         final = list(response_events(body, p, cached=prefilled.cached))[-1]["response"]
-        state.answered(prompt, final.get("output"))
+        state.answered(prefilled, final.get("output"))
         state.completed += 1
         return web.Response(body=wire.dumps(final), content_type="application/json")
     resp = web.StreamResponse(
@@ -223,7 +233,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
                 pending, size = [], 0
         pending.append(b"data: [DONE]\n\n")
         await resp.write(b"".join(pending))
-        state.answered(prompt, current.get("output"))
+        state.answered(prefilled, current.get("output"))
         state.completed += 1
         return resp
 

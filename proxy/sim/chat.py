@@ -34,7 +34,6 @@ from ..core import wire
 from ..core.ids import new_id
 from .http import error, inject_fault, read_request
 from .model import Plan, ToolCall, plan
-from .prefix_cache import prompt_bytes
 
 if TYPE_CHECKING:
     from .app import SimState
@@ -236,12 +235,11 @@ async def chat_completions(request: web.Request, state: SimState) -> web.StreamR
         output_tokens=cfg.output_tokens,
         tool_calls_per_turn=cfg.tool_calls_per_turn,
     )
-    prompt = prompt_bytes(None, view["input"])
-    prefilled = await state.prefill(prompt)
+    prefilled = await state.prefill(None, view["input"])
     cached = prefilled.cached if state.prefix_cache is not None else None
     parallel = int(directives.get("parallel", "1") or 1)
     if body.get("stream") is not True:
-        state.answered(prompt, answer_items(body, p))
+        state.answered(prefilled, answer_items(body, p))
         state.completed += 1
         answer = completion(body, p, cached)
         return web.json_response(answer, dumps=lambda o: wire.dumps(o).decode())
@@ -263,6 +261,6 @@ async def chat_completions(request: web.Request, state: SimState) -> web.StreamR
                 if delay > 0:
                     await asyncio.sleep(delay)
             await resp.write(data)
-        state.answered(prompt, answer_items(body, p, parallel))
+        state.answered(prefilled, answer_items(body, p, parallel))
         state.completed += 1
         return resp
