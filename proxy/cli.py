@@ -364,7 +364,7 @@ def soak(
 @click.argument(
     "scenarios",
     nargs=-1,
-    type=click.Choice(["agent-loop", "overhead", "relay", "scale", "fairness"]),
+    type=click.Choice(["agent-loop", "overhead", "relay", "scale", "fairness", "affinity"]),
 )
 @click.option("--quick", is_flag=True, help="Every target, with a shorter profile.")
 @click.option("--smoke", is_flag=True, hidden=True, help="The tiniest run (for the tests).")
@@ -394,7 +394,8 @@ def bench(
     json_path: str,
     png_path: str,
 ) -> None:
-    """Benchmarks: agent-loop, overhead, relay, scale (all when none is named)."""
+    """Benchmarks: agent-loop, overhead, relay, scale, fairness, affinity (all when none is
+    named)."""
     import asyncio
     from pathlib import Path
 

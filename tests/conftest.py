@@ -131,3 +131,11 @@ def replicas(redis_session_server: RedisServer) -> Iterator[tuple[str, str]]:
     with contextlib.ExitStack() as stack:
         url = redis_session_server.url
         yield start_replica(stack, url), start_replica(stack, url)
+
+
+@pytest.fixture(scope="session")
+def llamacpp_pair(llamacpp: str) -> Iterator[tuple[str, str]]:
+    """Two real llama.cpp servers (…/v1): `llamacpp` and a second one on its own free port,
+    both for the rest of the session (two replicas of one model server)."""
+    for second in serve_llamacpp("server-2"):
+        yield llamacpp, second

@@ -1,7 +1,9 @@
 """The real llama.cpp upstream (../shared/upstreams) for the tests marked `llamacpp`: installed
 into `.upstreams/llamacpp` (gitignored, or LLAMACPP_UPSTREAM_DIR) when missing, started on a
 free loopback port. Without ../shared the tests skip, unless REQUIRE_LLAMACPP_UPSTREAM is set
-(CI sets it), when they fail. The `llamacpp` fixture (conftest.py) runs it once per session.
+(CI sets it), when they fail. The `llamacpp` fixture (conftest.py) runs it once per session;
+`llamacpp_pair` adds a second server beside it (two replicas, for the affinity test), also
+once per session. Each server logs to its own files under the cache directory.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ def _installed() -> bool:
     return check.returncode == 0
 
 
-def serve_llamacpp() -> Iterator[str]:
-    """The base URL (…/v1) of a running llama.cpp server."""
+def _install() -> None:
+    """Set the server and model up under CACHE when missing (skip or fail without ../shared)."""
     if not (SHARED_UPSTREAMS / "setup_llamacpp_upstream.sh").exists():
         message = f"{SHARED_UPSTREAMS} is missing: the real llama.cpp upstream cannot be set up"
         if os.environ.get("REQUIRE_LLAMACPP_UPSTREAM"):
@@ -45,6 +47,12 @@ def serve_llamacpp() -> Iterator[str]:
             check=True,
             timeout=900,
         )
+
+
+def serve_llamacpp(name: str = "server") -> Iterator[str]:
+    """The base URL (…/v1) of a running llama.cpp server on a free port; `name` names its
+    log files (`NAME.out`, `NAME.log`), so that several can run at once."""
+    _install()
     flags = {
         "--model": MODEL,
         "--port": 0,  # the server prints the port it got
@@ -59,7 +67,7 @@ def serve_llamacpp() -> Iterator[str]:
     argv += [str(x) for pair in flags.items() for x in pair]
     # stdout carries only the LISTENING line; llama.cpp logs to stderr. On one shared file the
     # two interleave and the line can be split mid-way, so they go to separate files.
-    out_path, log_path = CACHE / "server.out", CACHE / "server.log"
+    out_path, log_path = CACHE / f"{name}.out", CACHE / f"{name}.log"
     with open(out_path, "wb") as out, open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, stdout=out, stderr=log)
 

@@ -135,6 +135,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     worst_byte = max((r["rss_per_cached_byte"] for r in runs), default=None)
     worst_conn = max((r["kb_per_idle_connection"] for r in runs), default=None)
     fair = results.get("fairness", {}).get("read rate 1000/s (default)", {})
+    aff = results.get("affinity", {})
     less = (
         "wsmode receives only the new input, so it should add no more than the bare relay"
         " (time to first event through wsmode / through the bare relay)"
@@ -195,6 +196,13 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         _target("another client's turn p50 while one floods small frames", "<= 2x alone",
                 2.0, False, fair.get("ratio_spread") or _one(fair.get("ratio")), "x",
                 "the per-connection read rate keeps a flood from starving others"),
+        _target("affinity: wsmode's cached-token share vs the ideal's", ">= 0.95x", 0.95,
+                True, _one(aff.get("cached_share_affinity_over_ideal")), "x",
+                "affinity keeps each chain where its prefix is cached: within 5% of every "
+                "prefix cached"),
+        _target("affinity: TTFT p50, round-robin balancer / wsmode affinity", ">= 3x", 3.0,
+                True, _one(aff.get("ttft_p50_round_robin_over_affinity")), "x",
+                "a round-robin balancer makes each replica prefill most of the history again"),
     ]  # fmt: skip
     return out
 
@@ -304,6 +312,28 @@ def table(results: dict[str, Any]) -> str:
                 f" {r['kb_per_idle_connection']:.1f} KB/idle connection,"
                 f" {r['rss_per_cached_byte']:.2f}x per cached byte,"
                 f" RSS {r['rss_cached_mb']:.0f} MB, errors {sum(r['errors'].values())}"
+            )
+    aff = results.get("affinity")
+    if aff:
+        prof = aff["profile"]
+        lines.append(
+            f"\naffinity  ({prof['conversations']} conversations x {prof['turns']} turns over"
+            f" {prof['replicas']} replicas, cache {aff['cache_tokens_per_replica']:,} tokens per"
+            f" replica of a {aff['working_set_tokens']:,}-token working set)"
+        )
+        lines.append(
+            f"  {'contender':<16} {'TTFT p50':>10} {'TTFT p99':>10} {'turn p50':>10}"
+            f" {'wall s':>8} {'cached':>7}"
+        )
+        for name, c in aff["contenders"].items():
+            if "not_run" in c:
+                lines.append(f"  {name:<16} not run: {c['not_run']}")
+                continue
+            share = "-" if c["cached_share"] is None else f"{c['cached_share']:.1%}"
+            lines.append(
+                f"  {name:<16} {c['ttft_p50_ms']:>8.1f}ms {c['ttft_p99_ms']:>8.1f}ms"
+                f" {c['turn_p50_ms']:>8.1f}ms {c['wall_s']:>8.2f} {share:>7}"
+                + (f"  ERRORS {len(c['errors'])}" if c["errors"] else "")
             )
     lines.append("\ntargets (median over the rounds [lowest, highest])")
     for t in results["targets"]:

@@ -13,13 +13,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import agent, fairness, overhead, relay, report, scale
+from . import affinity, agent, fairness, overhead, relay, report, scale
+from .affinity import AffinityProfile
 from .agent import AgentProfile, Cell
 from .link import NetemNamespace, probe_netem
 from .procs import BenchError
 from .relay import RelayPlan
 
-SCENARIOS = ("agent-loop", "overhead", "relay", "scale", "fairness")
+SCENARIOS = ("agent-loop", "overhead", "relay", "scale", "fairness", "affinity")
 KIB = 1024
 
 
@@ -41,6 +42,7 @@ class Plan:
     call_sizes: tuple[int, int] = (20_000, 4_000_000)  # history bytes, tool-output check
     fairness: tuple[int, int] = (40, 3)  # turns per phase, alone/flooded repetitions
     rounds: int = 5  # overhead: the samples cut into this many rounds, one ratio each
+    affinity: AffinityProfile = affinity.DEFAULT  # conversations over replicas (issue 13)
 
     def cells(self) -> list[Cell]:
         out = [Cell(*self.main, self.main_reps)]
@@ -67,6 +69,7 @@ QUICK = Plan(
     scale=(1000,),
     fairness=(20, 2),
     rounds=4,
+    affinity=affinity.QUICK,
 )
 SMOKE = Plan(  # the end-to-end test: every scenario, as small as it gets
     "smoke",
@@ -93,6 +96,7 @@ SMOKE = Plan(  # the end-to-end test: every scenario, as small as it gets
     call_sizes=(20_000, 200_000),
     fairness=(3, 1),
     rounds=2,
+    affinity=affinity.SMOKE,
 )
 PLANS = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 
@@ -125,6 +129,10 @@ def _method(plan: Plan, link: str, relay_loop: str) -> dict[str, Any]:
         "turn each (store: false)",
         "fairness": "another client's turns, one at a time, alone and while a separate process "
         "floods its own socket with small frames, interleaved; p50 flooded / p50 alone",
+        "affinity": "K `wsmode sim` replicas with the prefix-cache model, fresh for each "
+        "contender; N conversations at once, M turns each; round-robin HTTP balancer, wsmode "
+        "with affinity none and conversation, ideal (unbounded caches, each conversation on "
+        "one replica); TTFT = time to the first output delta (docs/bench-affinity.md)",
         "speed_ratio": "HTTP direct time / WebSocket-mode time (1.40x = 40% faster; "
         "time saved = 1 - 1/ratio)",
     }
@@ -236,6 +244,8 @@ async def run(
             results[name] = await scale.run(list(plan.scale), plan.conversation_bytes, log)
         elif name == "fairness":
             results[name] = await fairness.run(*plan.fairness, log)
+        elif name == "affinity":
+            results[name] = await affinity.run(plan.affinity, log)
         log(f"  ({time.monotonic() - t0:.0f} s)")
         _progress(f"{name} done in {time.monotonic() - t0:.0f} s; {_count(cells_left)} left")
     results["method"] = _method(plan, link_method, relay_loop)
@@ -260,4 +270,7 @@ async def run(
         why = report.chart(results, png_path)
         print(f"chart: {why}" if why else f"chart: {png_path}")
     print(f"elapsed: {results['elapsed_s']} s")
+    failed = results.get("affinity", {}).get("errors")
+    if failed:  # after the report: what did run is kept, and the exit status says it all
+        raise BenchError("affinity: " + "; ".join(failed))
     return results

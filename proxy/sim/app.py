@@ -24,6 +24,12 @@ before it is serialised and written, and `metadata.sim_output_tokens: "N"` overr
 those of a server that echoes little (`events.partial_response`).
 `metadata.sim_cached_tokens: "N"` makes the terminal usage report N of the input tokens (at
 most all of them) as served from a prompt cache (`input_tokens_details.cached_tokens`).
+
+Prefix cache (sim/prefix_cache.py, off by default): with `prefix_cache_tokens` above 0 each
+process keeps an LRU of prompt blocks and reports the tokens found there as cached in the
+usage; with `prefill_tokens_per_second` above 0 a request waits, before anything is written,
+for its uncached tokens to be prefilled at that speed, one request at a time per process (a
+replica's prefill is one shared resource). `GET /sim/stats` adds the cache's totals.
 """
 
 from __future__ import annotations
@@ -43,8 +49,15 @@ from ..core import wire
 from .chat import chat_completions
 from .events import response_events
 from .http import error, inject_fault, read_request
-from .model import count_tokens, plan, tokenize
+from .model import count_tokens, input_items, plan, tokenize
+from .prefix_cache import Lookup, PrefixCache, prompt_bytes
 from .settings import SimSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Prefilled:
+    prompt: bytes | None  # as the prefix cache saw it; None: the prefix-cache model is off
+    cached: int  # prompt tokens found in the cache
 
 
 @dataclass
@@ -61,6 +74,37 @@ class SimState:
     tokenize_calls: int = 0
     moderations: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=10_000))
     last_headers: dict[str, str] = field(default_factory=dict)  # of the latest request
+    prefix_cache: PrefixCache | None = None  # built from the settings (__post_init__)
+    prefill_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one prefill at a time
+
+    def __post_init__(self) -> None:
+        cfg = self.settings
+        if cfg.prefix_cache_tokens > 0:
+            self.prefix_cache = PrefixCache(cfg.prefix_cache_tokens, cfg.prefix_cache_block_tokens)
+
+    async def prefill(self, instructions: Any, items: list[Any]) -> Prefilled:
+        """Look the prompt up in the prefix cache, wait for its uncached tokens to be
+        prefilled (one request at a time), then keep its blocks. Nothing at all (not even
+        the prompt's layout) while the prefix-cache model is off."""
+        cache = self.prefix_cache
+        speed = self.settings.prefill_tokens_per_second
+        if cache is None and speed <= 0:
+            return Prefilled(None, 0)
+        prompt = prompt_bytes(instructions, items)
+        found = cache.lookup(prompt) if cache is not None else Lookup(len(prompt) // 4, 0)
+        if speed > 0:
+            async with self.prefill_lock:
+                await asyncio.sleep((found.tokens - found.cached) / speed)
+        if cache is not None:
+            cache.insert(prompt)
+        return Prefilled(prompt, found.cached)
+
+    def answered(self, prefilled: Prefilled, output: Any) -> None:
+        """Keep the blocks of the prompt followed by the answer's items, as a server caching
+        the generated tokens does: the next turn's prompt starts with them."""
+        cache = self.prefix_cache
+        if cache is not None and prefilled.prompt is not None and isinstance(output, list):
+            cache.insert(prefilled.prompt + prompt_bytes(None, output))
 
     @contextmanager
     def streaming(self) -> Iterator[None]:
@@ -129,6 +173,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         return error(code, f"simulated upstream failure {code}", "server_error")
     after = int(arg) if arg.isdigit() else 3
 
+    prefilled = await state.prefill(body.get("instructions"), input_items(body))
     tokens = str(meta.get("sim_output_tokens") or "")  # metadata values are strings in the API
     p = plan(
         body,
@@ -139,7 +184,8 @@ async def _responses(request: web.Request) -> web.StreamResponse:
     )
     if body.get("stream") is not True:
         # non-streaming: the terminal response object, as the HTTP API returns it
-        final = list(response_events(body, p))[-1]["response"]
+        final = list(response_events(body, p, cached=prefilled.cached))[-1]["response"]
+        state.answered(prefilled, final.get("output"))
         state.completed += 1
         return web.Response(body=wire.dumps(final), content_type="application/json")
     resp = web.StreamResponse(
@@ -156,7 +202,8 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         current: dict[str, Any] = {}  # the response object of the latest lifecycle event
         echo = str(meta.get("sim_echo") or "full")  # "partial": a server that echoes little
         cached = str(meta.get("sim_cached_tokens") or "")
-        for i, ev in enumerate(response_events(body, p, echo=echo)):
+        events = response_events(body, p, echo=echo, cached=prefilled.cached)
+        for i, ev in enumerate(events):
             if kind == "failed" and i == after:
                 pending += (_sse(_failed_event(ev, current, arg)), b"data: [DONE]\n\n")
                 await resp.write(b"".join(pending))
@@ -191,6 +238,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
                 pending, size = [], 0
         pending.append(b"data: [DONE]\n\n")
         await resp.write(b"".join(pending))
+        state.answered(prefilled, current.get("output"))
         state.completed += 1
         return resp
 
@@ -280,8 +328,23 @@ async def _stats(request: web.Request) -> web.Response:
             "active": s.active,
             "requests": len(s.requests),
             "tokenize_calls": s.tokenize_calls,
+            **_cache_stats(s.prefix_cache),
         }
     )
+
+
+def _cache_stats(cache: PrefixCache | None) -> dict[str, Any]:
+    if cache is None:
+        return {}
+    return {
+        "prefix_cache": {
+            "lookups": cache.lookups,
+            "prompt_tokens": cache.prompt_tokens,
+            "cached_tokens": cache.cached_tokens,
+            "tokens": cache.tokens,
+            "evictions": cache.evictions,
+        }
+    }
 
 
 async def _models(request: web.Request) -> web.Response:

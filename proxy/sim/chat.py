@@ -16,6 +16,9 @@ Directives and faults come from the sim's queue (`POST /sim/faults`), one per re
 `status:N`, `cut:N`, `stall:N`, `error:N` (an error chunk), `eof:N` (the body ends, no finish,
 no [DONE]) after N chunks; and `finish:REASON` (force a finish_reason), `nousage`, `nodone`,
 `parallel:N` (N tool calls whose fragments interleave).
+
+With the prefix cache on (sim/app.py), the messages' items are what the cache sees, and the
+usage reports the tokens it held in `prompt_tokens_details.cached_tokens`.
 """
 
 from __future__ import annotations
@@ -111,10 +114,31 @@ def _calls(p: Plan, parallel: int) -> list[ToolCall]:
     ]
 
 
+def _limited(body: dict[str, Any], p: Plan, calls: list[ToolCall]) -> tuple[list[str], str]:
+    """The text tokens sent and the finish reason (`max_tokens` cuts the text)."""
+    tokens = list(p.tokens)
+    limit = body.get("max_tokens")
+    if isinstance(limit, int) and not calls and len(tokens) > limit:
+        return tokens[:limit], "length"
+    return tokens, "tool_calls" if calls else "stop"
+
+
+def answer_items(body: dict[str, Any], p: Plan, parallel: int = 1) -> list[dict[str, Any]]:
+    """The answer as the items the next turn's messages will stand for."""
+    calls = _calls(p, parallel)
+    tokens, _ = _limited(body, p, calls)
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(tokens)}
+    message["tool_calls"] = [
+        {"id": c.call_id, "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+    ]
+    return items_from_messages([message])
+
+
 def chunks(
-    body: dict[str, Any], p: Plan, directives: dict[str, str]
+    body: dict[str, Any], p: Plan, directives: dict[str, str], cached: int = 0
 ) -> Iterator[tuple[bytes, bool]]:
-    """(SSE bytes, whether it is a token) for the whole stream."""
+    """(SSE bytes, whether it is a token) for the whole stream; `cached`: the prompt tokens
+    the prefix cache held."""
     cid = "chatcmpl-" + new_id("sim")[4:]
     model = str(body.get("model") or "sim")
     yield _chunk(cid, model, {"role": "assistant", "content": ""}), False
@@ -123,11 +147,7 @@ def chunks(
         for thought in _REASONING:
             yield _chunk(cid, model, {"reasoning_content": thought}), True
     calls = _calls(p, int(directives.get("parallel", "1") or 1))
-    finish = "tool_calls" if calls else "stop"
-    tokens = list(p.tokens)
-    limit = body.get("max_tokens")
-    if isinstance(limit, int) and not calls and len(tokens) > limit:
-        tokens, finish = tokens[:limit], "length"
+    tokens, finish = _limited(body, p, calls)
     for token in tokens:
         yield _chunk(cid, model, {"content": token}), True
     for i, call in enumerate(calls):
@@ -148,7 +168,7 @@ def chunks(
             "prompt_tokens": p.input_tokens,
             "completion_tokens": out,
             "total_tokens": p.input_tokens + out,
-            "prompt_tokens_details": {"cached_tokens": 0},
+            "prompt_tokens_details": {"cached_tokens": cached},
         }
         doc = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time())}
         doc.update(model=model, choices=[], usage=usage)
@@ -157,13 +177,20 @@ def chunks(
         yield b"data: [DONE]\n\n", False
 
 
-def completion(body: dict[str, Any], p: Plan) -> dict[str, Any]:
-    """The non-streaming answer."""
+def completion(body: dict[str, Any], p: Plan, cached: int | None = None) -> dict[str, Any]:
+    """The non-streaming answer; `cached` (with the prefix cache on) goes in its usage."""
     message: dict[str, Any] = {"role": "assistant", "content": "".join(p.tokens) or None}
     if p.tool_call is not None:
         fn = {"name": p.tool_call.name, "arguments": p.tool_call.arguments}
         message["tool_calls"] = [{"id": p.tool_call.call_id, "type": "function", "function": fn}]
     out = len(p.tokens) or 1
+    usage: dict[str, Any] = {
+        "prompt_tokens": p.input_tokens,
+        "completion_tokens": out,
+        "total_tokens": p.input_tokens + out,
+    }
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
     return {
         "id": "chatcmpl-" + new_id("sim")[4:],
         "object": "chat.completion",
@@ -176,11 +203,7 @@ def completion(body: dict[str, Any], p: Plan) -> dict[str, Any]:
                 "finish_reason": "tool_calls" if p.tool_call else "stop",
             }
         ],
-        "usage": {
-            "prompt_tokens": p.input_tokens,
-            "completion_tokens": out,
-            "total_tokens": p.input_tokens + out,
-        },
+        "usage": usage,
     }
 
 
@@ -205,15 +228,21 @@ async def chat_completions(request: web.Request, state: SimState) -> web.StreamR
         return error(code, f"simulated upstream failure {code}", "server_error")
     directives = {kind: arg} if kind else {}
     after = int(arg) if arg.isdigit() else 3
+    view = responses_view(body)
     p = plan(
-        responses_view(body),
+        view,
         seed=cfg.seed,
         output_tokens=cfg.output_tokens,
         tool_calls_per_turn=cfg.tool_calls_per_turn,
     )
+    prefilled = await state.prefill(None, view["input"])
+    cached = prefilled.cached if state.prefix_cache is not None else None
+    parallel = int(directives.get("parallel", "1") or 1)
     if body.get("stream") is not True:
+        state.answered(prefilled, answer_items(body, p))
         state.completed += 1
-        return web.json_response(completion(body, p), dumps=lambda o: wire.dumps(o).decode())
+        answer = completion(body, p, cached)
+        return web.json_response(answer, dumps=lambda o: wire.dumps(o).decode())
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
@@ -221,7 +250,7 @@ async def chat_completions(request: web.Request, state: SimState) -> web.StreamR
         await resp.prepare(request)
         t0 = time.monotonic()
         token = 0
-        for i, (data, is_token) in enumerate(chunks(body, p, directives)):
+        for i, (data, is_token) in enumerate(chunks(body, p, directives, prefilled.cached)):
             if kind in ("cut", "stall", "error", "eof") and i == after:
                 return await inject_fault(kind, request, resp, data, _ERROR_CHUNK)
             if is_token:
@@ -232,5 +261,6 @@ async def chat_completions(request: web.Request, state: SimState) -> web.StreamR
                 if delay > 0:
                     await asyncio.sleep(delay)
             await resp.write(data)
+        state.answered(prefilled, answer_items(body, p, parallel))
         state.completed += 1
         return resp

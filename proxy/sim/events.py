@@ -37,15 +37,16 @@ def partial_response(resp: dict[str, Any], body: dict[str, Any]) -> dict[str, An
 
 
 def response_events(
-    body: dict[str, Any], plan: Plan, *, echo: str = "full"
+    body: dict[str, Any], plan: Plan, *, echo: str = "full", cached: int = 0
 ) -> Iterator[dict[str, Any]]:
-    for ev in _events(body, plan):
+    """`cached`: the prompt tokens the prefix cache held, reported in the usage."""
+    for ev in _events(body, plan, cached):
         if echo == "partial" and isinstance(ev.get("response"), dict):
             ev["response"] = partial_response(ev["response"], body)
         yield ev
 
 
-def _events(body: dict[str, Any], plan: Plan) -> Iterator[dict[str, Any]]:
+def _events(body: dict[str, Any], plan: Plan, cached: int) -> Iterator[dict[str, Any]]:
     seq = 0
 
     def ev(kind: str, **fields: Any) -> dict[str, Any]:
@@ -110,7 +111,7 @@ def _events(body: dict[str, Any], plan: Plan) -> Iterator[dict[str, Any]]:
         "completed_at": None if cut else int(time.time()),
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
         "output": output,
-        "usage": usage_of(plan.input_tokens, output_tokens),
+        "usage": usage_of(plan.input_tokens, output_tokens, cached=cached),
     }
     yield ev("response.incomplete" if cut else "response.completed", response=final)
 

@@ -18,3 +18,15 @@ class SimSettings:
     # POST /v1/moderations flags an input containing this word (case-insensitive); "" never
     moderation_flag_word: str = "forbidden"
     moderation_delay_ms: float = 0.0  # how long the moderation endpoint takes to answer
+    # ---- prefix cache (issue 13, sim/prefix_cache.py): prefill time for uncached tokens
+    prefill_tokens_per_second: float = 0.0  # per process, one prefill at a time; 0: no delay
+    prefix_cache_tokens: int = 0  # the LRU's capacity in tokens; 0: no cache
+    prefix_cache_block_tokens: int = 16  # tokens per cached block (vLLM's default)
+
+    def __post_init__(self) -> None:
+        if self.prefill_tokens_per_second < 0 or self.prefix_cache_tokens < 0:
+            raise ValueError(
+                "sim.prefill_tokens_per_second and sim.prefix_cache_tokens must not be negative"
+            )
+        if self.prefix_cache_block_tokens < 1:
+            raise ValueError("sim.prefix_cache_block_tokens must be at least 1")

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from tests.helpers import seconds
 
-SCENARIOS = ("agent-loop", "overhead", "relay", "scale", "fairness")
+SCENARIOS = ("agent-loop", "overhead", "relay", "scale", "fairness", "affinity")
 
 
 def test_smallest_bench_run_writes_a_complete_report(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, "-m", "wsmode", "bench", "--smoke", "--link", "shim"]
+    cmd = [sys.executable, "-m", "wsmode", "bench", *SCENARIOS, "--smoke", "--link", "shim"]
     proc = subprocess.run(
         [*cmd, "--json", str(out), "--png", ""],
         capture_output=True,
@@ -114,3 +114,44 @@ def test_call_check_bench_runs_as_a_module(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "large/small" in proc.stdout
     assert all(row in proc.stdout for row in ("check", "inherit")), proc.stdout
+
+
+def test_affinity_bench_smoke(tmp_path: Path) -> None:
+    """`wsmode bench affinity --smoke`: four contenders over two prefix-caching sims, each
+    with its TTFT, turn time and cached share."""
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "wsmode", "bench", "affinity", "--smoke"]
+    proc = subprocess.run(
+        [*cmd, "--json", str(out), "--png", ""],
+        capture_output=True,
+        text=True,
+        timeout=seconds(180),
+        cwd=tmp_path,
+        check=False,
+    )
+    report = json.loads(out.read_text())
+    aff = report["affinity"]
+    contenders = aff["contenders"]
+    assert list(contenders) == ["round-robin", "wsmode-none", "wsmode-affinity", "ideal"]
+    expected = aff["profile"]["conversations"] * aff["profile"]["turns"]
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert aff["errors"] == []
+    assert aff["ttft_p50_round_robin_over_affinity"] > 0
+    assert aff["cached_share_affinity_over_ideal"] > 0
+    for name in contenders:
+        c = contenders[name]
+        assert c["errors"] == [] and c["turns"] == expected, c
+        assert c["ttft_p50_ms"] > 0 and c["ttft_p99_ms"] >= c["ttft_p50_ms"]
+        assert 0 < c["cached_share"] < 1 and c["prompt_tokens"] > c["cached_tokens"]
+        assert sum(r["requests"] for r in c["replicas"]) == expected
+    # the balancer takes the replicas in turn, the ideal spreads conversations evenly
+    for name in ("round-robin", "ideal"):
+        served = [r["requests"] for r in contenders[name]["replicas"]]
+        assert max(served) - min(served) <= aff["profile"]["turns"], served
+    served = [r["requests"] for r in contenders["round-robin"]["replicas"]]
+    assert max(served) - min(served) <= 1, served
+    # later turns find their history on the replica that has it: the ideal caches more
+    assert contenders["ideal"]["cached_share"] > contenders["round-robin"]["cached_share"]
+    names = {t["name"] for t in report["targets"]}
+    assert any(n.startswith("affinity: TTFT p50") for n in names)
+    assert "affinity" in proc.stdout and "targets" in proc.stdout
