@@ -5,16 +5,13 @@ read by wsmode's own loader."""
 from __future__ import annotations
 
 import base64
-import json
-import re
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 from dockerfile_parse import DockerfileParser
-from wsmode.config import ConfigError, Settings, load_settings
+from wsmode.config import Settings, load_settings
 
 ROOT = Path(__file__).parents[1]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -58,16 +55,6 @@ def probe_port(container: dict[str, Any], probe: str) -> int:
 
 # ---------------------------------------------------------------- the deployed settings
 
-# until the pool/store merge: config keys other branches add in parallel (upstream pool,
-# Redis store). Once they are in the tree, delete this set, `_without` and the loop
-# in `deployed_toml`: every test then loads the ConfigMap's TOML as it is.
-PENDING_KEYS = frozenset(
-    {
-        *("upstream.urls", "upstream.affinity"),
-        *("store.backend", "store.redis_url", "store.redis_timeout"),
-    }
-)
-
 # values for the pod's Secret references (the real Secret is never committed)
 SECRET_VALUES = {
     ("wsmode", "compaction-key"): base64.b64encode(bytes(range(32))).decode(),
@@ -100,37 +87,11 @@ def load(toml_text: str, tmp_path: Path) -> Settings:
     return load_settings(path, pod_env())
 
 
-def pending_key(exc: ConfigError) -> str | None:
-    match = re.fullmatch(r"unknown config key (\S+)", str(exc))
-    return match[1] if match and match[1] in PENDING_KEYS else None
-
-
-def _without(toml_text: str, keys: set[str]) -> str:
-    """The TOML minus `keys` (flat tables of strings, numbers and lists: what JSON writes is
-    TOML for those)."""
-    lines: list[str] = []
-    for section, table in tomllib.loads(toml_text).items():
-        lines.append(f"[{section}]")
-        for key, value in table.items():
-            if f"{section}.{key}" not in keys:
-                lines.append(f"{key} = {json.dumps(value)}")
-    return "\n".join(lines) + "\n"
-
-
 def deployed_toml(tmp_path: Path) -> str:
-    """The ConfigMap's TOML as this tree's loader takes it: all of it, or without those of
-    the pending keys it does not know yet (until the pool/store merge)."""
-    text, unknown = configmap_toml(), set[str]()
-    while True:
-        try:
-            load(text, tmp_path)
-            return text
-        except ConfigError as exc:
-            key = pending_key(exc)
-            if key is None or key in unknown:
-                raise
-            unknown.add(key)
-            text = _without(configmap_toml(), unknown)  # until the pool/store merge
+    """The ConfigMap's TOML, checked to load with wsmode's own loader."""
+    text = configmap_toml()
+    load(text, tmp_path)
+    return text
 
 
 def deployed_settings(tmp_path: Path) -> Settings:

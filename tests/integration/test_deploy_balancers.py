@@ -38,13 +38,6 @@ async def replicas(sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]]) -> 
     return [await proxy_factory(sim.url) for _ in range(2)]
 
 
-async def readiness_path(replica: Proxy) -> str:
-    """/readyz, which the configs check; /healthz where this tree has no /readyz yet (until
-    the pool merge: then drop this and check /readyz alone)."""
-    async with aiohttp.ClientSession() as http, http.get(f"{replica.served.base}/readyz") as r:
-        return "/healthz" if r.status == 404 else "/readyz"
-
-
 def with_local_addresses(text: str, listen: str, servers: list[str], port: int) -> str:
     """The config with its listen address and its server addresses on 127.0.0.1: the first
     `server` lines get the replicas' ports, the others are left out."""
@@ -86,8 +79,6 @@ async def haproxy(replicas: Replicas, tmp_path: Path) -> AsyncIterator[str]:
     text = with_local_addresses(
         HAPROXY_CFG.read_text(), "bind", [f"127.0.0.1:{r.served.port}" for r in replicas], port
     )
-    path = await readiness_path(replicas[0])
-    text = text.replace("uri /readyz", f"uri {path}")
     cfg = tmp_path / "haproxy.cfg"
     cfg.write_text(text)
     with process(["haproxy", "-db", "-f", str(cfg)], tmp_path / "haproxy.log"):

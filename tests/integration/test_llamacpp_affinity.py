@@ -18,7 +18,6 @@ no such keys (say so in the report) and run after the pool is merged.
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -27,7 +26,6 @@ import aiohttp
 import orjson
 import pytest
 from websockets.asyncio.client import connect
-from wsmode.config import UpstreamSettings
 from wsmode.core.sse import SSEDecoder
 
 from tests.helpers import Proxy, create, send, until_terminal, user
@@ -40,13 +38,6 @@ MODEL = "gemma-3-270m"
 SAMPLING = {"temperature": 0, "max_tokens": 8}
 HIGH = 0.7  # a turn served from the cache: at least this share of its prompt was cached
 LOW = 0.3  # a turn computed again: at most this share (the chat template's first tokens)
-
-_HAS_POOL = {"urls", "affinity"} <= {f.name for f in dataclasses.fields(UpstreamSettings)}
-needs_pool = pytest.mark.skipif(
-    not _HAS_POOL,
-    reason="needs upstream.urls / upstream.affinity (the upstream pool of issue 13): "
-    "run after the pool branch is merged",
-)
 
 
 def _opening() -> str:
@@ -175,7 +166,6 @@ def _pool(pair: tuple[str, str], affinity: str) -> dict[str, Any]:
     }
 
 
-@needs_pool
 async def test_wsmode_affinity_serves_later_turns_from_the_prompt_cache(
     llamacpp_pair: tuple[str, str], proxy_factory: ProxyFactory
 ) -> None:
@@ -185,7 +175,6 @@ async def test_wsmode_affinity_serves_later_turns_from_the_prompt_cache(
     assert min(shares[1:]) > HIGH, shares  # every later turn on the replica with its cache
 
 
-@needs_pool
 async def test_wsmode_without_affinity_recomputes_on_the_other_replica(
     llamacpp_pair: tuple[str, str], proxy_factory: ProxyFactory
 ) -> None:
