@@ -1,8 +1,9 @@
 """The aiohttp application: routes, start-up and shutdown.
 
 `GET /v1/responses` with an Upgrade header is WebSocket mode; `GET /healthz` reports
-health; every other `/v1/*` request is passed through to the upstream. With no upstream
-configured, the built-in simulated model is started on a free loopback port and fronted.
+health; `GET /console` is the browser console (when on); every other `/v1/*` request is
+passed through to the upstream. With no upstream configured, the built-in simulated model
+is started on a free loopback port and fronted.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from aiohttp import web
 
 from .build import build_core
 from .config import Settings
+from .console import routes as console
 from .core.dialects.auto import AutoDialect
 from .core.urls import redact_url
 from .http_front import passthrough
@@ -98,7 +100,8 @@ def create_app(settings: Settings) -> web.Application:
     )
     app.cleanup_ctx.append(_lifecycle)
     app.cleanup_ctx.append(_tokenizer)
-    install(app, settings, core.cache_budget, app[APP_STATE].upstream.gate)
+    ops = install(app, settings, core.cache_budget, app[APP_STATE].upstream.gate)
+    console.install(app, ops)  # GET /console, when the console is on (console/routes.py)
     app.router.add_get("/healthz", _healthz)
     app.router.add_route("*", "/v1/responses", _responses)
     app.router.add_post("/v1/responses/compact", compact_response)

@@ -75,6 +75,8 @@ class HttpExchange:
             self.session.owner,
             label,
             request.get(REQUEST_ID),
+            console=ops.console,
+            source="http",
         )
         self.upstream = state.channel(request.headers, label)
         # the drain's cut (begin_drain): `cut` once asked for; `cuttable` while the handler
