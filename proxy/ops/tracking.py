@@ -259,7 +259,7 @@ class RunTracker:
         assert self.console is not None
         found = failure(frames)
         status, code, message = found if found is not None else (None, action.refused, None)
-        where = f"{self.source} response {action.response_id or '(none)'}"
+        where = f"{self.source} {action.response_id or f'run {action.run_id}'}"
         self.console.error(where, status, code, message)
 
     def clear(self) -> None:

@@ -246,7 +246,7 @@ function health(u) {
   if (u.ejected) return el("td", "ejected", "health-bad");
   if (u.healthy === true) return el("td", "healthy", "health-ok");
   if (u.healthy === false) return el("td", "unhealthy", "health-bad");
-  return el("td", "unknown (not checked)");
+  return el("td", "not checked");
 }
 
 function renderUpstreams(s) {
@@ -345,7 +345,9 @@ const TURN_HEADS = ["turn", "response", "lane", "new items in", "output items", 
 function renderConversation(conv) {
   const box = el("div", null, "conversation");
   const title = conv.source === "http" ? "HTTP" : `connection ${conv.source}`;
-  box.appendChild(el("h3", `${title}: conversation from ${conv.turns[0].response_id || conv.key}` +
+  const first = conv.turns[0].response_id;
+  const what = first ? `conversation from ${first}` : "a turn that got no response";
+  box.appendChild(el("h3", `${title}: ${what}` +
     (conv.continues ? ` (continues ${conv.continues})` : "")));
   let client = 0;
   let upstream = 0;
@@ -354,7 +356,8 @@ function renderConversation(conv) {
     upstream += t.upstream_bytes;
   }
   const summary = el("p", null, "summary");
-  summary.appendChild(el("span", `${conv.turns.length} turns`, "turn-count"));
+  const n = conv.turns.length;
+  summary.appendChild(el("span", `${n} ${n === 1 ? "turn" : "turns"}`, "turn-count"));
   summary.appendChild(el("span", " · client sent "));
   summary.appendChild(el("span", bytes(client), "total-client-bytes"));
   summary.appendChild(el("span", " · sent upstream "));
