@@ -34,7 +34,7 @@ from aiohttp import web
 from ..config import ConfigError, Settings
 from ..core import wire
 from ..ops.console_feed import ConsoleFeed, Subscriber
-from ..ops.middleware import OPS, Ops
+from ..ops.middleware import OPS, Ops, client_left
 from ..ops.origin import host_name, is_loopback
 from ..runtime import APP_STATE
 from .state import snapshot
@@ -160,6 +160,13 @@ async def _feed(request: web.Request) -> web.StreamResponse:
         await _stream(resp, sub, reader, lambda: wire.dumps(snapshot(state, ops)), interval)
     except ConnectionError:
         pass  # the page left, or was dropped for being too slow
+    except asyncio.CancelledError:
+        # aiohttp cancels the handler of a client that left: for a feed, which never ends
+        # by itself, that is its ordinary end (no "left before its answer" line)
+        task = asyncio.current_task()
+        if not client_left(request) or task is None:
+            raise  # the server is stopping
+        task.uncancel()
     finally:
         console.unsubscribe(sub)
         ops.unregister(reader)

@@ -17,6 +17,7 @@ import aiohttp
 import orjson
 import pytest
 from openai import AsyncOpenAI
+from websockets.asyncio.client import connect
 from wsmode.app import create_app
 from wsmode.config import ConfigError
 from wsmode.ops.middleware import OPS
@@ -24,12 +25,17 @@ from wsmode.ops.middleware import OPS
 from tests.helpers import (
     Proxy,
     Sim,
+    create,
+    post_responses,
     proxy_settings,
     sample,
     scrape,
     sdk_terminal,
     seconds,
+    send,
     until,
+    until_terminal,
+    user,
 )
 
 Events = list[dict[str, Any]]
@@ -131,6 +137,19 @@ async def test_the_feed_shows_each_turn_with_its_bytes_and_no_payload_text(
     assert "input_text" not in raw and "output_text" not in raw
     output = done[0].output_text
     assert output and output not in raw
+
+
+async def test_lanes_and_http_turns_are_shown(proxy: Proxy) -> None:
+    async with connect(proxy.ws) as ws:
+        await send(ws, create(input=[user("hi")], stream_id="agent_a", store=False))
+        assert (await until_terminal(ws))[-1]["type"] == "response.completed"
+    status, _ = await post_responses(proxy, {"model": "sim", "input": "hello", "stream": True})
+    assert status == 200
+    async with aiohttp.ClientSession() as http, http.get(f"{proxy.served.base}/console/feed") as r:
+        lane, posted = turns(await read_events(r, has_turns(2)))
+    assert lane["lane"] == "agent_a" and lane["source"].startswith("conn_")
+    assert posted["source"] == "http" and posted["lane"] is None
+    assert posted["outcome"] == "completed" and posted["client_bytes"] > 0
 
 
 async def test_with_show_content_the_feed_carries_the_text(
