@@ -16,7 +16,8 @@ from ..ws_front import ClientConnection
 def upstreams(state: AppState) -> list[dict[str, Any]]:
     """The upstream replicas, in the shape of the pool's `snapshot()` (name, redacted url,
     healthy, ejected, in_flight, max_concurrency). Until there is a pool, the one upstream
-    of the app, whose health is not checked (`healthy` None: shown as unknown)."""
+    of the app, whose health is not checked (`healthy` None: shown as not checked); with
+    the pool (upstream/pool.py) this returns `state.pool.snapshot()`."""
     gate = state.upstream.gate
     return [
         {

@@ -40,7 +40,7 @@ from ..core.errors import ClientError, ProxyError
 from ..core.http_answer import HttpAnswer
 from ..core.store import owner_of
 from ..ops.bodies import read_body
-from ..ops.middleware import OPS, REQUEST_ID, client_left
+from ..ops.middleware import OPS, REQUEST_ID, TRACKED, client_left
 from ..ops.outbound import Outbound
 from ..ops.tracking import RunTracker
 from ..runtime import APP_STATE, AppState
@@ -185,6 +185,7 @@ class HttpExchange:
                     self.tracker.created(action)
                 case Finished():
                     self.tracker.finished(action, frames[-2:])
+                    self.request[TRACKED] = True
                     frames = []
                 case CancelUpstream():
                     # the request's only run: send nothing more for it, and stop reading its

@@ -143,6 +143,9 @@ REQUEST_ID = web.RequestKey("wsmode_request_id", str)
 # The close code a WebSocket handler sent when the server closed first. aiohttp reports
 # 1000 for a close started while another task was reading, so handlers record their own.
 CLOSE_CODE = web.RequestKey("wsmode_close_code", int)
+# The request's turn was reported by the run tracker (its error too): the console does not
+# list the HTTP answer's error a second time.
+TRACKED = web.RequestKey("wsmode_tracked", bool)
 
 
 def _error(status: int, message: str, code: str, etype: str) -> web.Response:
@@ -170,7 +173,7 @@ async def ops_middleware(request: web.Request, handler: Handler) -> web.StreamRe
     try:
         resp = await _guarded(request, handler, ops, route, upgrade)
         status = resp.status
-        if status >= 400 and ops.console is not None:
+        if status >= 400 and ops.console is not None and not request.get(TRACKED):
             body = resp.body if isinstance(resp, web.Response) else None
             ops.console.http_error(
                 request.method, route, status, body if isinstance(body, bytes) else None

@@ -152,6 +152,21 @@ async def test_lanes_and_http_turns_are_shown(proxy: Proxy) -> None:
     assert posted["outcome"] == "completed" and posted["client_bytes"] > 0
 
 
+async def test_an_http_turn_that_fails_is_one_error_and_a_bad_body_another(proxy: Proxy) -> None:
+    missing = {"model": "sim", "input": "x", "previous_response_id": "resp_gone"}
+    assert (await post_responses(proxy, missing))[0] == 400
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.http}/responses", data=b"{not json") as r:
+            assert r.status == 400
+        async with http.get(f"{proxy.served.base}/console/feed") as r:
+            events = await read_events(r, lambda ev: any(e["type"] == "state" for e in ev))
+    [state] = [e for e in events if e["type"] == "state"]
+    assert [(e["where"], e["status"], e["code"]) for e in state["errors"]] == [
+        ("http run 1", 400, "previous_response_not_found"),
+        ("POST /v1/responses", 400, "invalid_json"),
+    ]
+
+
 async def test_with_show_content_the_feed_carries_the_text(
     sim: Sim,
     proxy_factory: Callable[..., Awaitable[Proxy]],
