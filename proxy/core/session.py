@@ -858,10 +858,10 @@ class Session:
         return wire.dumps(ev)
 
 
-__all__ = ["Session"]
-
-
 def _created(run: Run) -> RunCreated:
     """A run exists: its lane, its parent and its new input go with it (for the console)."""
     req = run.req
     return RunCreated(run.id, req.lane, req.previous_response_id, req.input_items)
+
+
+__all__ = ["Session"]
