@@ -67,6 +67,7 @@ async def browser(profile: Path, origin: str) -> AsyncIterator[tuple[Page, list[
             headless=True,
             args=FLAGS,
             viewport={"width": 1440, "height": 900},
+            timeout=seconds(60) * 1000,  # a loaded machine starts a browser slowly
         )
         try:
             await context.route("**/*", only_the_proxy)
