@@ -83,6 +83,7 @@ function reset() {
 
 function addTurn(t) {
   let key = t.previous_response_id ? view.convOf.get(t.previous_response_id) : undefined;
+  if (key !== undefined && !view.conversations.has(key)) key = undefined; // trimmed away
   if (key === undefined) {
     key = t.response_id || `${t.source} run ${t.run}`;
     view.conversations.set(key, {
@@ -105,10 +106,15 @@ function addTurn(t) {
   if (t.response_id) view.convOf.set(t.response_id, key);
   view.conversations.get(key).turns.push(t);
   view.turns += 1;
-  if (view.turns > MAX_TURNS) {
-    const oldest = view.conversations.keys().next().value;
-    view.turns -= view.conversations.get(oldest).turns.length;
-    view.conversations.delete(oldest);
+  while (view.turns > MAX_TURNS) {
+    const [oldestKey, oldest] = view.conversations.entries().next().value;
+    if (view.conversations.size === 1) {
+      oldest.turns.shift(); // one long conversation: its first turns go
+      view.turns -= 1;
+    } else {
+      view.turns -= oldest.turns.length;
+      view.conversations.delete(oldestKey);
+    }
   }
 }
 
