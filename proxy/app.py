@@ -1,9 +1,10 @@
 """The aiohttp application: routes, start-up and shutdown.
 
 `GET /v1/responses` with an Upgrade header is WebSocket mode; `GET /healthz` reports
-liveness and `GET /readyz` readiness (an upstream replica is healthy); every other `/v1/*`
-request is passed through to the upstream. With no upstream configured, the built-in
-simulated model is started on a free loopback port and fronted.
+liveness and `GET /readyz` readiness (an upstream replica is healthy); `GET /console` is the
+browser console (when on); every other `/v1/*` request is passed through to the upstream.
+With no upstream configured, the built-in simulated model is started on a free loopback port
+and fronted.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from aiohttp import web
 
 from .build import build_core
 from .config import Settings
+from .console import routes as console
 from .core.dialects.auto import AutoDialect
 from .core.urls import missing_v1, redact_url
 from .http_front import passthrough
@@ -146,6 +148,7 @@ def create_app(settings: Settings) -> web.Application:
         store = RedisStore(st.redis_url, st.redis_timeout, st.ttl_seconds, ops.metrics)
         app[APP_STATE].responses = store
         app.cleanup_ctx.append(functools.partial(_store, store))
+    console.install(app, ops)  # GET /console, when the console is on (console/routes.py)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_route("*", "/v1/responses", _responses)

@@ -206,6 +206,27 @@ class GuardSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ConsoleSettings:
+    """`[console]`: the browser console at /console (README, "Console")."""
+
+    enabled: bool | str = "auto"  # "auto": on only when server.host is a loopback address
+    show_content: bool = False  # show the text of inputs and outputs (off: sizes only)
+    ring_size: int = 500  # recent events a page that opens the feed gets first
+    max_subscribers: int = 8  # console pages open at once; one more gets 503
+    subscriber_queue: int = 256  # events waiting for a slow page; past it that page is dropped
+    state_interval: float = 1.0  # seconds between snapshots (connections, upstreams, memory)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.enabled, str) and self.enabled != "auto":
+            raise ValueError('console.enabled must be "auto", true or false')
+        for key in ("ring_size", "max_subscribers", "subscriber_queue"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"console.{key} must be at least 1")
+        if self.state_interval <= 0:
+            raise ValueError("console.state_interval must be more than 0")
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
@@ -220,6 +241,7 @@ class Settings:
     sidecar: SidecarSettings = field(default_factory=SidecarSettings)
     chat: ChatOptions = field(default_factory=ChatOptions)
     guards: GuardSettings = field(default_factory=GuardSettings)
+    console: ConsoleSettings = field(default_factory=ConsoleSettings)
 
 
 # Short environment names for the flags of `wsmode serve`.
@@ -242,8 +264,14 @@ def _field_type(cls: type[Any], name: str) -> Any:
 
 def _coerce(section: str, key: str, value: Any, kind: Any) -> Any:
     where = f"{section}.{key}"
-    if isinstance(kind, types.UnionType):  # `X | None`
-        kind = next(a for a in kind.__args__ if a is not type(None))
+    if isinstance(kind, types.UnionType):  # `X | None`, or a choice such as `bool | str`
+        kinds = [a for a in kind.__args__ if a is not type(None)]
+        for first in kinds[:-1]:  # the first kind the value is, or converts to
+            try:
+                return _coerce(section, key, value, first)
+            except ConfigError:
+                pass
+        kind = kinds[-1]
     if kind is bool:
         if isinstance(value, bool):
             return value

@@ -94,6 +94,8 @@ class ClientConnection:
             owner,
             f"connection {self.id}",
             request.get(REQUEST_ID),
+            console=self.ops.console,
+            source=self.id,
         )
         self.upstream = state.channel(request.headers, self.tracker.label)
         self.pumps: dict[int, asyncio.Task[None]] = {}

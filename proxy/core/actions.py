@@ -9,7 +9,7 @@ adapter forgets is a type error, not a silently dropped step.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -42,6 +42,12 @@ class RunCreated:
     Adapters start tracing it here (the client's message size is known to them)."""
 
     run_id: int
+    # what the console shows of the turn (proxy/console): its lane, the response it
+    # continues, and its new input items (their text is read only with console.show_content);
+    # descriptive only, so not part of equality
+    lane: str | None = field(default=None, compare=False)
+    previous_response_id: str | None = field(default=None, compare=False)
+    input: tuple[bytes, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +99,8 @@ class Finished:
     refused: str | None = None
     replica: str | None = None  # the upstream replica that served the run (upstream/pool.py)
     cached_tokens: int | None = None  # prompt tokens the upstream reported served from its cache
+    # the items the response ended with (the console shows the count; not part of equality)
+    output_items: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -365,7 +365,7 @@ class Session:
         self._runs[run.id] = run
         self._queue.append(run)
         self._charge(run, nbytes)
-        return [RunCreated(run.id), *self._schedule()]
+        return [_created(run), *self._schedule()]
 
     def _check_queued_bytes(self, nbytes: int) -> None:
         """429 `too_many_queued_requests` when a create of `nbytes` would take this
@@ -403,7 +403,7 @@ class Session:
         "response.steer")."""
         self._runs[run.id] = run
         self._queue.appendleft(run)
-        return [RunCreated(run.id)]
+        return [_created(run)]
 
     def _schedule(self) -> list[Action]:
         """Start queued runs whose lane is idle, oldest first, while slots last.
@@ -765,7 +765,8 @@ class Session:
         else:
             self._evict_parent(run)
         outcome = Outcome(stream.outcome)
-        end = self._end(run, outcome, rid, usage if isinstance(usage, dict) else None)
+        usage = usage if isinstance(usage, dict) else None
+        end = self._end(run, outcome, rid, usage, output_items=len(stream.output))
         return [*frames, *out, *end]
 
     def _fail(self, run: Run, err: ProxyError, *, announce: bool = True) -> list[Action]:
@@ -810,7 +811,7 @@ class Session:
             Send(self._event_frame(ev, run.req.lane)),
             CancelUpstream(run.id),
             *self._spawn(self.steering.successor(run, rid, steers)),
-            *self._end(run, Outcome.STEERED, rid),
+            *self._end(run, Outcome.STEERED, rid, output_items=len(items)),
         ]
 
     def _end(
@@ -822,6 +823,7 @@ class Session:
         *,
         silent: bool = False,
         refused: str | None = None,
+        output_items: int = 0,
     ) -> list[Action]:
         """The one end of every run: DONE, forgotten, its lane free; then the
         `response.steer.failed` owed to its steers (docs/protocol.md "response.steer": an
@@ -837,7 +839,18 @@ class Session:
             return []
         out = self.steering.settle(run, outcome in _DELIVERED)
         cached = cached_tokens(usage)
-        out.append(Finished(run.id, response_id, outcome, usage, refused, run.replica, cached))
+        out.append(
+            Finished(
+                run.id,
+                response_id,
+                outcome,
+                usage,
+                refused,
+                run.replica,
+                cached,
+                output_items=output_items,
+            )
+        )
         return out + self._schedule() + self._maybe_close()
 
     def _maybe_close(self) -> list[Action]:
@@ -941,7 +954,9 @@ class Session:
         return [
             CancelUpstream(run.id),
             Send(self._event_frame(ev, run.req.lane)),
-            *self._end(run, Outcome.CANCELLED, resp["id"]),
+            *self._end(
+                run, Outcome.CANCELLED, resp["id"], output_items=len(resp.get("output", ()))
+            ),
         ]
 
     # ------------------------------------------------------------ frames
@@ -956,6 +971,12 @@ class Session:
         if lane is not None:
             ev["stream_id"] = lane
         return wire.dumps(ev)
+
+
+def _created(run: Run) -> RunCreated:
+    """A run exists: its lane, its parent and its new input go with it (for the console)."""
+    req = run.req
+    return RunCreated(run.id, req.lane, req.previous_response_id, req.input_items)
 
 
 __all__ = ["Session"]

@@ -42,7 +42,7 @@ from ..core.errors import ClientError, ProxyError
 from ..core.http_answer import HttpAnswer
 from ..core.store import StoreUnavailable, owner_of
 from ..ops.bodies import read_body
-from ..ops.middleware import OPS, REQUEST_ID, client_left
+from ..ops.middleware import OPS, REQUEST_ID, TRACKED, client_left
 from ..ops.outbound import Outbound
 from ..ops.tracking import RunTracker
 from ..runtime import APP_STATE, AppState
@@ -77,6 +77,8 @@ class HttpExchange:
             self.session.owner,
             label,
             request.get(REQUEST_ID),
+            console=ops.console,
+            source="http",
         )
         self.upstream = state.channel(request.headers, label)
         # the drain's cut (begin_drain): `cut` once asked for; `cuttable` while the handler
@@ -185,6 +187,7 @@ class HttpExchange:
                     self.tracker.created(action)
                 case Finished():
                     self.tracker.finished(action, frames[-2:])
+                    self.request[TRACKED] = True
                     frames = []
                 case CancelUpstream():
                     # the request's only run: send nothing more for it, and stop reading its

@@ -17,7 +17,11 @@
    (open gauge, close-code class when it ends);
 6. a client that leaves before its answer is complete (its handler is cancelled, or a write
    to it fails) is ordinary: one INFO line, status 499 in the metrics, no traceback;
-7. an exception that escapes a handler is a bug: logged with its traceback, counted, 500.
+7. an exception that escapes a handler is a bug: logged with its traceback, counted, 500;
+8. with the console on, each error answer (400 and up) goes to its feed with its code.
+
+`Ops.open_paths` are served without proxy auth like /healthz (the console's page and its
+script: they hold no data; the console's feed stays behind auth).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from ..core.conversation import CacheBudget, ResponseCache
 from ..core.ids import new_id
 from ..logs import request_id_var
 from .auth import Authenticator, credentials
+from .console_feed import ConsoleFeed
 from .metrics import CONTENT_TYPE, Metrics, cache_families, close_class, memory_families
 from .origin import SitePolicy
 from .origin import refused as site_refused
@@ -81,6 +86,8 @@ class Ops:
     caches: set[ResponseCache] = field(default_factory=set)
     drained: asyncio.Event = field(default_factory=asyncio.Event)
     site: SitePolicy = field(init=False)
+    console: ConsoleFeed | None = None  # the console's feed, when the console is on
+    open_paths: set[str] = field(default_factory=set)  # served without auth (see above)
 
     def __post_init__(self) -> None:
         self.site = SitePolicy.from_settings(self.settings.server)
@@ -138,6 +145,9 @@ REQUEST_ID = web.RequestKey("wsmode_request_id", str)
 # The close code a WebSocket handler sent when the server closed first. aiohttp reports
 # 1000 for a close started while another task was reading, so handlers record their own.
 CLOSE_CODE = web.RequestKey("wsmode_close_code", int)
+# The request's turn was reported by the run tracker (its error too): the console does not
+# list the HTTP answer's error a second time.
+TRACKED = web.RequestKey("wsmode_tracked", bool)
 
 
 def _error(status: int, message: str, code: str, etype: str) -> web.Response:
@@ -165,6 +175,11 @@ async def ops_middleware(request: web.Request, handler: Handler) -> web.StreamRe
     try:
         resp = await _guarded(request, handler, ops, route, upgrade)
         status = resp.status
+        if status >= 400 and ops.console is not None and not request.get(TRACKED):
+            body = resp.body if isinstance(resp, web.Response) else None
+            ops.console.http_error(
+                request.method, route, status, body if isinstance(body, bytes) else None
+            )
         return resp
     except web.HTTPException as exc:
         status = exc.status
@@ -194,7 +209,7 @@ async def _guarded(
         return site_refused(refusal)
     if request.method == "OPTIONS":  # answered here, never forwarded upstream
         return web.Response(status=204, headers=ops.site.preflight_headers(request.headers))
-    if request.path in _OPEN_ROUTES:
+    if request.path in _OPEN_ROUTES or request.path in ops.open_paths:
         return await handler(request)
     if ops.draining:
         if upgrade:

@@ -5,7 +5,8 @@ tracker learns of a run from the session's `RunCreated` action (with the size of
 message that created it, when a message did), the upstream request's size from
 `StartUpstream`, upstream timings from the pump, and its end from `Finished`. At the end it
 observes the histograms and hands a usage record to the background writer; building the
-record's JSON happens there, off the path of the next turn.
+record's JSON happens there, off the path of the next turn. With the console on, it also
+publishes one small event per turn to the console's feed (`console_feed.py`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..core.actions import Action, Finished, Outcome, RunCreated, StartUpstream
 from ..core.errors import UpstreamError
 from ..core.wire import is_int
+from .console_feed import ConsoleFeed, failure, input_texts, output_texts
 from .metrics import Metrics
 from .usage import PendingRecord, UsageSink
 
@@ -58,6 +61,7 @@ class RunTrace:
     first_sent: float | None = None
     error_counted: bool = False
     clock: Callable[[], float] = field(default=time.monotonic)
+    created: RunCreated | None = None  # what the console shows of the turn's request
 
     # ---- called by the pump
     def sent(self) -> None:
@@ -90,6 +94,8 @@ class RunTracker:
         label: str,
         request_id: str | None,
         clock: Callable[[], float] = time.monotonic,
+        console: ConsoleFeed | None = None,
+        source: str = "",
     ) -> None:
         self.metrics = metrics
         self.usage = usage
@@ -99,6 +105,8 @@ class RunTracker:
         self.request_id = request_id
         self.clock = clock
         self.traces: dict[int, RunTrace] = {}
+        self.console = console  # the console's feed, when the console is on
+        self.source = source  # who the console says a turn came from (a connection id, "http")
 
     def feed(self, call: Callable[[], list[Action]], nbytes: int) -> list[Action]:
         """Run `call` (a client message of `nbytes` into the session) and trace every run
@@ -119,7 +127,7 @@ class RunTracker:
         if action.run_id not in self.traces:
             when = self.clock() if received is None else received
             self.traces[action.run_id] = RunTrace(
-                self.metrics, when, client_bytes, clock=self.clock
+                self.metrics, when, client_bytes, clock=self.clock, created=action
             )
 
     def start(self, action: StartUpstream) -> RunTrace:
@@ -172,6 +180,10 @@ class RunTracker:
             m.duration.labels("total").observe(total)
             m.duration.labels("upstream").observe(up)
             m.duration.labels("proxy").observe(max(0.0, total - up))
+        if self.console is not None:
+            self.console.publish(self._turn(action, trace, frames, now))
+            if action.outcome in (Outcome.FAILED, Outcome.REJECTED):
+                self._failed(action, frames)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "%s response %s %s (run %d)",
@@ -207,6 +219,55 @@ class RunTracker:
                     duration_seconds=(now - trace.received) if trace else None,
                 )
             )
+
+    def _turn(
+        self, action: Finished, trace: RunTrace | None, frames: list[bytes], now: float
+    ) -> dict[str, Any]:
+        """The console's event for one finished turn: counts, sizes and timings; its text
+        only with `console.show_content`."""
+        assert self.console is not None
+        created = trace.created if trace is not None else None
+        usage = action.usage or {}
+        event: dict[str, Any] = {
+            "type": "turn",
+            "source": self.source,
+            "run": action.run_id,
+            "response_id": action.response_id,
+            "previous_response_id": created.previous_response_id if created else None,
+            "lane": created.lane if created else None,
+            "new_items": len(created.input) if created else 0,
+            "output_items": action.output_items,
+            "outcome": action.outcome.value,
+            "refused": action.refused,
+            "replica": action.replica,
+            "cached_tokens": action.cached_tokens,
+            "input_tokens": usage.get("input_tokens"),
+            "output_tokens": usage.get("output_tokens"),
+            "client_bytes": trace.client_bytes if trace else 0,
+            "upstream_bytes": trace.upstream_bytes if trace else 0,
+            "upstream_received": trace.upstream_received if trace else 0,
+            "first_event": None,
+            "duration": (now - trace.received) if trace else None,
+        }
+        if trace is not None and trace.upstream_start is not None and trace.first_sent:
+            total = trace.first_sent - trace.received
+            upstream = (trace.upstream_first or now) - trace.upstream_start
+            event["first_event"] = {
+                "total": total,
+                "upstream": upstream,
+                "proxy": max(0.0, total - upstream),
+            }
+        if self.console.show_content:
+            event["input_text"] = input_texts(created.input) if created else ""
+            event["output_text"] = output_texts(frames)
+        return event
+
+    def _failed(self, action: Finished, frames: list[bytes]) -> None:
+        assert self.console is not None
+        found = failure(frames)
+        status, code, message = found if found is not None else (None, action.refused, None)
+        where = f"{self.source} {action.response_id or f'run {action.run_id}'}"
+        self.console.error(where, status, code, message)
 
     def clear(self) -> None:
         self.traces.clear()

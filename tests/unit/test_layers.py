@@ -31,9 +31,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ws_front": frozenset({"core", "config", "logs", "ops", "upstream", "build", "runtime"}),
     "http_front": frozenset({"core", "config", "logs", "ops", "upstream", "build", "runtime"}),
     "sidecar": frozenset({"core", "config", "logs", "ops", "upstream"}),
+    # the browser console reads what the fronts hold (open connections) for its snapshots
+    "console": frozenset({"core", "config", "logs", "ops", "upstream", "runtime", "ws_front"}),
     "app": frozenset(
         {"core", "config", "logs", "ops", "upstream", "build", "runtime", "ws_front"}
-        | {"http_front", "sim"}
+        | {"http_front", "sim", "console"}
     ),
     "serve": frozenset({"core", "config", "logs", "ops", "app"}),
     "sim": frozenset({"core"}),

@@ -116,6 +116,14 @@ def test_every_package_of_the_source_is_in_the_wheel(names: list[str]) -> None:
     assert absent == []
 
 
+def test_the_console_page_is_in_the_wheel(names: list[str]) -> None:
+    """The console's static files are package data (pyproject's package-data), not modules:
+    without that entry the wheel would serve a console with no page."""
+    static = sorted(p.name for p in (SOURCE / "console" / "static").iterdir())
+    assert static == ["console.css", "console.js", "index.html"]
+    assert [n for n in static if f"wsmode/console/static/{n}" not in set(names)] == []
+
+
 def test_importing_the_app_never_imports_a_proxy_module(tmp_path: Path) -> None:
     """In a fresh interpreter (this one has imported much already), run away from the
     checkout, whose `proxy/` folder `python -c` would find through the current folder."""

@@ -1,0 +1,213 @@
+"""`GET /console` and its feed.
+
+The page, its script and its style sheet are files of this package (`static/`), read once
+when the app is built and served from memory; they load nothing else (their
+Content-Security-Policy says so to the browser too). They hold no data, so they are served
+without proxy auth; everything the page shows comes from `GET /console/feed`, a stream of
+Server-Sent Events that stays behind the proxy's auth and its Origin/Host policy like every
+other route. A browser's `EventSource` cannot send an `Authorization` header, so the page
+reads the feed with `fetch` and a streamed body: when the feed answers 401 the page asks for
+the key, keeps it in the tab's sessionStorage and sends it as `Authorization: Bearer KEY`,
+never in a URL (where access logs and the browser's history would keep it).
+
+When the console is on: `console.enabled = "auto"` (the default) turns it on only when
+`server.host` is a loopback address; `true` turns it on anywhere, and on a non-loopback
+listener only with proxy auth configured (the app refuses to start without).
+
+The feed: a `hello` event (the console's settings), a `state` snapshot (proxy/console/
+state.py), the ring's recent events, then each new event as it is published and a snapshot
+every `console.state_interval`. A page that falls `console.subscriber_queue` events behind
+is dropped (its socket closed; the page reconnects); while the server drains, feeds end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from ..config import ConfigError, Settings
+from ..core import wire
+from ..ops.console_feed import ConsoleFeed, Subscriber
+from ..ops.middleware import OPS, Ops, client_left
+from ..ops.origin import host_name, is_loopback
+from ..runtime import APP_STATE
+from .state import snapshot
+
+PAGE = "/console"
+FEED = "/console/feed"
+# path -> (file in static/, content type)
+FILES = {
+    PAGE: ("index.html", "text/html; charset=utf-8"),
+    "/console/console.js": ("console.js", "text/javascript; charset=utf-8"),
+    "/console/console.css": ("console.css", "text/css; charset=utf-8"),
+}
+# the browser loads nothing but these files and reads nothing but the feed
+HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+        "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+# what a feed may hold in the proxy's and the kernel's buffers for a page not reading
+_FEED_BUFFER = 256 * 1024
+
+
+def enabled(settings: Settings) -> bool:
+    """Whether the console is on for these settings."""
+    on = settings.console.enabled
+    if on == "auto":
+        return is_loopback(host_name(settings.server.host))
+    return bool(on)
+
+
+def install(app: web.Application, ops: Ops) -> None:
+    """Add the console's routes to `app` when the console is on. Raises ConfigError when
+    it is turned on for a non-loopback listener without proxy auth."""
+    settings = ops.settings
+    if not enabled(settings):
+        return
+    if not is_loopback(host_name(settings.server.host)) and ops.auth is None:
+        raise ConfigError(
+            f"console.enabled = true on a non-loopback listener ({settings.server.host}) "
+            "needs proxy auth: set auth.api_keys or auth.api_key_hashes_file, or listen "
+            "on 127.0.0.1"
+        )
+    ops.console = ConsoleFeed(settings.console)
+    static = resources.files(__package__) / "static"
+    for path, (name, content_type) in FILES.items():
+        body = (static / name).read_bytes()
+        app.router.add_get(path, _file(body, content_type))
+        ops.open_paths.add(path)
+    app.router.add_get(FEED, _feed)
+
+
+def _file(body: bytes, content_type: str) -> Any:
+    async def handler(_: web.Request) -> web.Response:
+        return web.Response(body=body, headers={"Content-Type": content_type, **HEADERS})
+
+    return handler
+
+
+def _sse(event: bytes) -> bytes:
+    return b"data: " + event + b"\n\n"
+
+
+class _Reader:
+    """One open feed, known to the drain like a connection: a drain ends it."""
+
+    def __init__(self, sub: Subscriber) -> None:
+        self.sub = sub
+        self.closing = False
+
+    def begin_drain(self, grace: float) -> None:
+        self.closing = True
+        self.sub.ready.set()
+
+    def queued_creates(self) -> int:
+        return 0
+
+
+async def _feed(request: web.Request) -> web.StreamResponse:
+    ops = request.app[OPS]
+    state = request.app[APP_STATE]
+    console = ops.console
+    assert console is not None
+    transport = request.transport
+
+    def hang_up() -> None:  # a page too slow for the feed: its socket goes now
+        if transport is not None:
+            transport.close()
+
+    joined = console.subscribe(hang_up)
+    if joined is None:
+        body = {
+            "error": {
+                "type": "server_error",
+                "code": "console_busy",
+                "message": f"{console.settings.max_subscribers} console pages are open "
+                "already (console.max_subscribers); close one and retry.",
+                "param": None,
+            }
+        }
+        return web.Response(status=503, body=wire.dumps(body), content_type="application/json")
+    sub, backlog = joined
+    reader = _Reader(sub)
+    ops.register(reader)
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", **HEADERS, "X-Accel-Buffering": "no"}
+    )
+    try:
+        await resp.prepare(request)
+        _bound_buffers(request)
+        hello = {
+            "type": "hello",
+            "show_content": console.show_content,
+            "ring_size": console.settings.ring_size,
+            "state_interval": console.settings.state_interval,
+        }
+        first = [wire.dumps(hello), wire.dumps(snapshot(state, ops)), *backlog]
+        await resp.write(b"".join(_sse(e) for e in first))
+        interval = console.settings.state_interval
+        await _stream(resp, sub, reader, lambda: wire.dumps(snapshot(state, ops)), interval)
+    except ConnectionError:
+        pass  # the page left, or was dropped for being too slow
+    except asyncio.CancelledError:
+        # aiohttp cancels the handler of a client that left: for a feed, which never ends
+        # by itself, that is its ordinary end (no "left before its answer" line)
+        task = asyncio.current_task()
+        if not client_left(request) or task is None:
+            raise  # the server is stopping
+        task.uncancel()
+    finally:
+        console.unsubscribe(sub)
+        ops.unregister(reader)
+    return resp
+
+
+async def _stream(
+    resp: web.StreamResponse,
+    sub: Subscriber,
+    reader: _Reader,
+    state: Callable[[], bytes],
+    interval: float,
+) -> None:
+    """New events as they come, and a snapshot every `interval` seconds, until the page
+    leaves, is dropped, or the server drains."""
+    loop = asyncio.get_running_loop()
+    next_state = loop.time() + interval
+    while True:
+        wait = next_state - loop.time()
+        if wait > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await sub.ready.wait()
+        if sub.dropped or reader.closing:
+            return
+        frames = sub.take()
+        if loop.time() >= next_state:
+            frames.append(state())
+            next_state = loop.time() + interval
+        if frames:
+            await resp.write(b"".join(_sse(f) for f in frames))
+
+
+def _bound_buffers(request: web.Request) -> None:
+    """A page that stops reading holds at most this much in our write buffer and the
+    kernel's; past it a write waits, the page's queue fills, and the page is dropped."""
+    transport = request.transport
+    if transport is None:
+        return
+    transport.set_write_buffer_limits(high=_FEED_BUFFER // 2)
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _FEED_BUFFER // 2)

@@ -1,0 +1,95 @@
+"""What the console's snapshots hold: open connections, the upstreams and their health, the
+cache, the store and the memory budget against their bounds, recent errors. Read from the
+live objects when a snapshot is sent (every `console.state_interval`), like /metrics' gauges."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.store import MemoryStore
+from ..ops.middleware import Ops
+from ..runtime import AppState
+from ..ws_front import ClientConnection
+
+
+def upstreams(state: AppState) -> list[dict[str, Any]]:
+    """The upstream replicas as /readyz shows them (upstream/pool.py `snapshot()`): name,
+    redacted url, healthy, ejected, in_flight, max_concurrency."""
+    return state.pool.snapshot()
+
+
+def connections(ops: Ops) -> list[dict[str, Any]]:
+    """The WebSocket connections open now."""
+    out = []
+    for conn in list(ops.connections):
+        if isinstance(conn, ClientConnection):
+            out.append(
+                {
+                    "id": conn.id,
+                    "remote": conn.request.remote,
+                    "responses": conn.responses,
+                    "active": conn.session.active_count,
+                    "queued": conn.session.queued_count,
+                    "bytes_in": conn.bytes_in,
+                    "bytes_out": conn.bytes_out,
+                }
+            )
+    return out
+
+
+def memory(state: AppState) -> dict[str, Any]:
+    """The cache, the store and the process memory budget, each against its bounds."""
+    budget = state.cache_budget
+    settings = state.settings.store
+    store = state.store
+    shown: dict[str, Any]
+    if store is None:
+        # Redis (store.backend = "redis") holds it elsewhere: its occupancy is not known here
+        shown = {"backend": settings.backend if settings.enabled else "off"}
+    elif isinstance(store, MemoryStore):
+        shown = {
+            "backend": "memory",
+            "entries": len(store),
+            "max_entries": settings.max_entries,
+            "bytes": store.nbytes,
+            "max_bytes": settings.max_bytes,
+        }
+    else:
+        shown = {"backend": type(store).__name__}
+    process = state.core.memory
+    return {
+        "cache": {
+            "entries": budget.entries,
+            "max_entries": budget.max_entries,
+            "bytes": budget.nbytes,
+            "max_bytes": budget.max_bytes,
+        },
+        "store": shown,
+        "budget": {
+            "bytes": process.nbytes,
+            "max_bytes": process.max_bytes,
+            "parts": process.parts(),
+        },
+    }
+
+
+def snapshot(state: AppState, ops: Ops) -> dict[str, Any]:
+    console = ops.console
+    assert console is not None
+    return {
+        "type": "state",
+        "time": console.clock(),
+        "connections": connections(ops),
+        "http_in_flight": max(0, ops.http_inflight - len(console.subscribers)),  # feeds aside
+        "upstreams": upstreams(state),
+        "dialect": state.policy.dialect.name,
+        "memory": memory(state),
+        "errors": list(console.errors),
+        "feed": {
+            "pages": len(console.subscribers),
+            "dropped": console.dropped,
+            "ring": len(console.ring),
+            "ring_size": console.ring.maxlen,
+        },
+        "draining": ops.draining,
+    }

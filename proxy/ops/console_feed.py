@@ -1,0 +1,223 @@
+"""The console's live feed: a bounded ring of recent events and the pages reading it.
+
+The fronts' run tracking (`tracking.py`) publishes one small event per finished turn; the
+middleware publishes the error answers it sees. `publish` never waits: it encodes the event
+once, keeps it in a ring of the last `console.ring_size` events (what a page opening the
+feed gets first), and offers it to every subscriber. A subscriber is one open feed (one
+console page); each holds at most `console.subscriber_queue` events its page has not taken
+yet. One past that is a page too slow to keep up: it is dropped at once (its queue freed, its
+socket closed; the page reconnects and starts again from the ring), so a page that stops
+reading can never hold up a turn or grow the proxy's memory. At most
+`console.max_subscribers` pages read at once.
+
+Nothing here reads payload text unless `console.show_content` is true: events carry ids,
+counts, byte sizes, timings, outcomes and error codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..config import ConsoleSettings
+from ..core import wire
+
+# characters of text kept per turn side (input, output) and per error message, with
+# console.show_content: enough to recognise a turn, bounded so an event stays small
+TEXT_LIMIT = 2000
+RECENT_ERRORS = 50  # errors the snapshot keeps after they left the ring
+
+
+class Subscriber:
+    """One open feed: the events its page has not taken yet, at most `limit`."""
+
+    def __init__(self, limit: int, on_drop: Callable[[], None]) -> None:
+        self.limit = limit
+        self.pending: deque[bytes] = deque()
+        self.ready = asyncio.Event()
+        self.dropped = False
+        self._on_drop = on_drop
+
+    def offer(self, frame: bytes) -> bool:
+        """Queue `frame`; False (and dropped) when the page is `limit` events behind."""
+        if self.dropped:
+            return False
+        if len(self.pending) >= self.limit:
+            self.drop()
+            return False
+        self.pending.append(frame)
+        self.ready.set()
+        return True
+
+    def drop(self) -> None:
+        if self.dropped:
+            return
+        self.dropped = True
+        self.pending.clear()
+        self.ready.set()  # the writer wakes, sees `dropped`, and ends the feed
+        self._on_drop()
+
+    def take(self) -> list[bytes]:
+        """Every queued frame, oldest first; the queue is empty after."""
+        out = list(self.pending)
+        self.pending.clear()
+        self.ready.clear()
+        return out
+
+
+class ConsoleFeed:
+    def __init__(self, settings: ConsoleSettings, clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.show_content = settings.show_content
+        self.clock = clock
+        self.ring: deque[bytes] = deque(maxlen=settings.ring_size)
+        self.errors: deque[dict[str, Any]] = deque(maxlen=RECENT_ERRORS)
+        self.subscribers: set[Subscriber] = set()
+        self.published = 0
+        self.dropped = 0  # subscribers dropped for being too slow
+
+    # ---- pages
+    def subscribe(self, on_drop: Callable[[], None]) -> tuple[Subscriber, list[bytes]] | None:
+        """A new subscriber and the ring's events to send it first; None when
+        `max_subscribers` pages already read (the caller answers 503)."""
+        if len(self.subscribers) >= self.settings.max_subscribers:
+            return None
+        sub = Subscriber(self.settings.subscriber_queue, on_drop)
+        self.subscribers.add(sub)
+        return sub, list(self.ring)
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+
+    # ---- events
+    def publish(self, event: dict[str, Any]) -> None:
+        """Keep `event` in the ring and offer it to every page. Never waits."""
+        event.setdefault("time", self.clock())
+        frame = wire.dumps(event)
+        self.ring.append(frame)
+        self.published += 1
+        for sub in list(self.subscribers):
+            if not sub.offer(frame):
+                self.subscribers.discard(sub)
+                self.dropped += 1
+
+    def error(self, where: str, status: int | None, code: str | None, message: str | None) -> None:
+        """An error answered to a client (a turn's `error` event, a refused request)."""
+        event: dict[str, Any] = {
+            "type": "error",
+            "time": self.clock(),
+            "where": where,
+            "status": status,
+            "code": code,
+        }
+        if self.show_content and message:
+            event["message"] = message[:TEXT_LIMIT]
+        self.errors.append(event)
+        self.publish(dict(event))
+
+    def http_error(self, method: str, route: str, status: int, body: bytes | None) -> None:
+        """An HTTP answer of 400 or more, with the code of its JSON error body if it has
+        one (every error the proxy writes does)."""
+        code: str | None = None
+        message: str | None = None
+        if body is not None and len(body) <= 65536:
+            err = _error_object(body)
+            if err is not None:
+                code, message = _str(err.get("code")), _str(err.get("message"))
+        self.error(f"{method} {route}", status, code, message)
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _error_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        doc = wire.loads(body)
+    except ValueError:
+        return None
+    err = doc.get("error") if isinstance(doc, dict) else None
+    return err if isinstance(err, dict) else None
+
+
+def failure(frames: Iterable[bytes]) -> tuple[int | None, str | None, str | None] | None:
+    """(status, code, message) of the error a failed turn ended with: its `error` event,
+    else the error of its `response.failed`. Read only for failed and rejected turns."""
+    found: tuple[int | None, str | None, str | None] | None = None
+    for frame in frames:
+        try:
+            ev = wire.loads(frame)
+        except ValueError:
+            continue
+        if not isinstance(ev, dict):
+            continue
+        if ev.get("type") == "error" and isinstance(ev.get("error"), dict):
+            err = ev["error"]
+            status = ev.get("status")
+            return (
+                status if wire.is_int(status) else None,
+                _str(err.get("code")),
+                _str(err.get("message")),
+            )
+        response = ev.get("response")
+        if ev.get("type") == "response.failed" and isinstance(response, dict):
+            err = response.get("error")
+            if isinstance(err, dict):
+                found = (None, _str(err.get("code")), _str(err.get("message")))
+    return found
+
+
+def texts(items: Iterable[Any], limit: int = TEXT_LIMIT) -> str:
+    """The readable text of Responses items (messages, tool calls and their outputs), at
+    most `limit` characters: what `console.show_content` shows of a turn."""
+    out: list[str] = []
+    size = 0
+
+    def add(text: str) -> None:
+        nonlocal size
+        if size < limit and text:
+            out.append(text[: limit - size])
+            size += len(out[-1])
+
+    def walk(value: Any, depth: int) -> None:
+        if size >= limit or depth > 6:
+            return
+        if isinstance(value, dict):
+            for key in ("content", "text", "arguments", "output", "summary"):
+                part = value.get(key)
+                if isinstance(part, str):
+                    add(part)
+                elif isinstance(part, list):
+                    walk(part, depth + 1)
+        elif isinstance(value, list):
+            for part in value:
+                walk(part, depth + 1)
+
+    walk(list(items), 0)
+    return "\n".join(out)
+
+
+def output_texts(frames: Iterable[bytes]) -> str:
+    """The output text of a turn's terminal event (`response.completed` and the like)."""
+    for frame in reversed(list(frames)):
+        try:
+            ev = wire.loads(frame)
+        except ValueError:
+            continue
+        response = ev.get("response") if isinstance(ev, dict) else None
+        if isinstance(response, dict) and isinstance(response.get("output"), list):
+            return texts(response["output"])
+    return ""
+
+
+def input_texts(items: Iterable[bytes]) -> str:
+    parsed: list[Any] = []
+    for raw in items:
+        try:
+            parsed.append(wire.loads(raw))
+        except ValueError:
+            continue
+    return texts(parsed)

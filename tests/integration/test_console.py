@@ -1,0 +1,325 @@
+"""The console's routes over real HTTP (proxy/console/routes.py): its feed after a real
+conversation (the openai SDK over WebSocket mode, the sim upstream), no payload text by
+default, off on a non-loopback listener by default and behind auth when turned on there,
+the Origin/Host policy, and the feed's bounds: pages, and a page that stops reading.
+
+The page itself, in a real browser, is tests/integration/test_console_browser.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from openai import AsyncOpenAI
+from websockets.asyncio.client import connect
+from wsmode.app import create_app
+from wsmode.config import ConfigError
+from wsmode.ops.middleware import OPS
+
+from tests.helpers import (
+    Proxy,
+    Sim,
+    create,
+    post_responses,
+    proxy_settings,
+    sample,
+    scrape,
+    sdk_terminal,
+    seconds,
+    send,
+    until,
+    until_terminal,
+    user,
+)
+
+Events = list[dict[str, Any]]
+SECRET_WORDS = ("zebra-quartz", "mango-lantern", "violet-anchor")
+
+
+async def conversation(client: AsyncOpenAI, words: tuple[str, ...] = SECRET_WORDS) -> list[Any]:
+    """One WebSocket conversation, a turn per word, each continuing the last."""
+    done = []
+    async with client.responses.connect() as conn:
+        previous = None
+        for word in words:
+            await conn.response.create(
+                model="sim",
+                input=[{"role": "user", "content": f"please remember {word}"}],
+                previous_response_id=previous,
+            )
+            ev = await sdk_terminal(conn)
+            assert ev.type == "response.completed", ev
+            done.append(ev.response)
+            previous = ev.response.id
+    return done
+
+
+async def read_events(
+    resp: aiohttp.ClientResponse,
+    enough: Callable[[Events], bool],
+    events: Events | None = None,
+    timeout: float = 10,
+) -> Events:
+    """The feed's events (its `data:` lines, added to `events` as they come) until `enough`
+    holds for them."""
+    events = [] if events is None else events
+    buffer = b""
+    async with asyncio.timeout(seconds(timeout)):
+        async for chunk in resp.content.iter_any():
+            buffer += chunk
+            while b"\n\n" in buffer:
+                block, buffer = buffer.split(b"\n\n", 1)
+                events += [orjson.loads(x[6:]) for x in block.split(b"\n") if x[:6] == b"data: "]
+            if enough(events):
+                return events
+    raise AssertionError(f"the feed ended early: {events}")
+
+
+def turns(events: Events) -> Events:
+    return [e for e in events if e["type"] == "turn"]
+
+
+def has_turns(n: int) -> Callable[[Events], bool]:
+    return lambda events: len(turns(events)) >= n
+
+
+async def feed_of(proxy: Proxy, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{proxy.served.base}/console/feed", headers=headers) as r,
+    ):
+        if r.status != 200:
+            return r.status, await r.read()
+        events = await read_events(r, lambda ev: any(e["type"] == "state" for e in ev))
+        return r.status, orjson.dumps(events)
+
+
+async def test_the_feed_shows_each_turn_with_its_bytes_and_no_payload_text(
+    proxy: Proxy, openai_client: Callable[..., AsyncOpenAI]
+) -> None:
+    done = await conversation(openai_client(proxy.http, api_key="sk-test"))
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{proxy.served.base}/console/feed") as r,
+    ):
+        assert r.status == 200 and r.headers["Content-Type"] == "text/event-stream"
+        events = await read_events(r, has_turns(3))
+    hello = events[0]
+    assert hello["type"] == "hello" and hello["show_content"] is False
+    shown = turns(events)
+    assert [t["response_id"] for t in shown] == [resp.id for resp in done]
+    assert [t["previous_response_id"] for t in shown] == [None, done[0].id, done[1].id]
+    metrics = await scrape(proxy)
+    # the bytes of each turn add up to what the proxy counted: from the client, and upstream
+    assert sum(t["client_bytes"] for t in shown) == sample(
+        metrics, "wsmode_client_bytes_received_total"
+    )
+    assert sum(t["upstream_bytes"] for t in shown) == sample(
+        metrics, "wsmode_upstream_bytes_sent_total"
+    )
+    # WebSocket mode: the client sends only the new turn, the upstream gets the history too
+    assert shown[2]["upstream_bytes"] > shown[2]["client_bytes"]
+    for t in shown:
+        assert t["outcome"] == "completed" and t["source"].startswith("conn_")
+        assert t["lane"] is None and t["new_items"] == 1 and t["output_items"] >= 1
+        assert t["replica"] is None and t["cached_tokens"] is None  # no pool yet
+        first = t["first_event"]
+        assert first["proxy"] >= 0 and first["upstream"] >= 0
+        assert first["proxy"] + first["upstream"] == pytest.approx(first["total"])
+    raw = orjson.dumps(events).decode()
+    assert not any(word in raw for word in SECRET_WORDS)
+    assert "input_text" not in raw and "output_text" not in raw
+    output = done[0].output_text
+    assert output and output not in raw
+
+
+async def test_lanes_and_http_turns_are_shown(proxy: Proxy) -> None:
+    async with connect(proxy.ws) as ws:
+        await send(ws, create(input=[user("hi")], stream_id="agent_a", store=False))
+        assert (await until_terminal(ws))[-1]["type"] == "response.completed"
+    status, _ = await post_responses(proxy, {"model": "sim", "input": "hello", "stream": True})
+    assert status == 200
+    async with aiohttp.ClientSession() as http, http.get(f"{proxy.served.base}/console/feed") as r:
+        lane, posted = turns(await read_events(r, has_turns(2)))
+    assert lane["lane"] == "agent_a" and lane["source"].startswith("conn_")
+    assert posted["source"] == "http" and posted["lane"] is None
+    assert posted["outcome"] == "completed" and posted["client_bytes"] > 0
+
+
+async def test_an_http_turn_that_fails_is_one_error_and_a_bad_body_another(proxy: Proxy) -> None:
+    missing = {"model": "sim", "input": "x", "previous_response_id": "resp_gone"}
+    assert (await post_responses(proxy, missing))[0] == 400
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.http}/responses", data=b"{not json") as r:
+            assert r.status == 400
+        async with http.get(f"{proxy.served.base}/console/feed") as r:
+            events = await read_events(r, lambda ev: any(e["type"] == "state" for e in ev))
+    [state] = [e for e in events if e["type"] == "state"]
+    assert [(e["where"], e["status"], e["code"]) for e in state["errors"]] == [
+        ("http run 1", 400, "previous_response_not_found"),
+        ("POST /v1/responses", 400, "invalid_json"),
+    ]
+
+
+async def test_with_show_content_the_feed_carries_the_text(
+    sim: Sim,
+    proxy_factory: Callable[..., Awaitable[Proxy]],
+    openai_client: Callable[..., AsyncOpenAI],
+) -> None:
+    proxy = await proxy_factory(sim.url, console__show_content=True)
+    done = await conversation(openai_client(proxy.http, api_key="sk-test"), SECRET_WORDS[:1])
+    async with aiohttp.ClientSession() as http, http.get(f"{proxy.served.base}/console/feed") as r:
+        [turn] = turns(await read_events(r, has_turns(1)))
+    assert turn["input_text"] == f"please remember {SECRET_WORDS[0]}"
+    assert turn["output_text"] == done[0].output_text
+
+
+async def test_the_console_is_off_on_a_non_loopback_listener_by_default(
+    sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]]
+) -> None:
+    proxy = await proxy_factory(sim.url, server__host="0.0.0.0")
+    async with aiohttp.ClientSession() as http:
+        for path in ("/console", "/console/console.js", "/console/feed"):
+            async with http.get(f"{proxy.served.base}{path}") as r:
+                assert r.status == 404, path
+        assert proxy.served.runner.app[OPS].console is None
+
+
+def test_turning_it_on_for_a_non_loopback_listener_needs_auth(sim: Sim) -> None:
+    settings = proxy_settings(sim.url, server__host="0.0.0.0", console__enabled=True)
+    with pytest.raises(ConfigError, match="needs proxy auth"):
+        create_app(settings)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "127.0.0.1"])
+async def test_with_auth_the_page_opens_and_the_feed_needs_the_key(
+    host: str, sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]]
+) -> None:
+    proxy = await proxy_factory(
+        sim.url, server__host=host, console__enabled=True, auth__api_keys=("key-1",)
+    )
+    base = proxy.served.base
+    async with aiohttp.ClientSession() as http, http.get(f"{base}/console") as r:
+        # the page holds no data: no key needed to load it
+        assert r.status == 200 and "<title>wsmode console</title>" in await r.text()
+    assert (await feed_of(proxy))[0] == 401
+    assert (await feed_of(proxy, {"Authorization": "Bearer wrong"}))[0] == 401
+    status, raw = await feed_of(proxy, {"Authorization": "Bearer key-1"})
+    assert status == 200
+    events = orjson.loads(raw)
+    assert events[0]["type"] == "hello"
+    # the refused attempts are recent errors with their code, and the key is nowhere
+    [state] = [e for e in events if e["type"] == "state"]
+    codes = [(e["where"], e["status"], e["code"]) for e in state["errors"]]
+    assert codes == [("GET /console/feed", 401, "invalid_api_key")] * 2
+    assert b"key-1" not in raw and b"wrong" not in raw
+
+
+async def test_the_origin_and_host_policy_holds_for_the_console(proxy: Proxy) -> None:
+    base = proxy.served.base
+    refused = [
+        ("/console/feed", {"Origin": "http://evil.example"}),
+        ("/console", {"Origin": "http://evil.example"}),
+        ("/console", {"Sec-Fetch-Site": "cross-site"}),
+        ("/console/feed", {"Host": "rebound.evil.example"}),  # DNS rebinding
+        ("/console/console.js", {"Host": "rebound.evil.example"}),
+    ]
+    async with aiohttp.ClientSession() as http:
+        for path, headers in refused:
+            async with http.get(f"{base}{path}", headers=headers) as r:
+                assert r.status == 403, (path, headers)
+        async with http.get(f"{base}/console", headers={"Sec-Fetch-Site": "same-origin"}) as r:
+            assert r.status == 200
+            assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"]
+
+
+async def test_pages_beyond_the_bound_get_503(
+    sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]]
+) -> None:
+    proxy = await proxy_factory(sim.url, console__max_subscribers=1)
+    url = f"{proxy.served.base}/console/feed"
+    async with aiohttp.ClientSession() as http, http.get(url) as first:
+        await read_events(first, lambda ev: len(ev) >= 1)
+        async with http.get(url) as second:
+            assert second.status == 503
+            assert (await second.json())["error"]["code"] == "console_busy"
+
+
+def stuck_page(port: int) -> socket.socket:
+    """A console page that asks for the feed and then never reads: a socket with a small
+    receive window."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(f"GET /console/feed HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    return sock
+
+
+async def test_a_page_that_stops_reading_is_dropped_and_nothing_waits_for_it(
+    sim: Sim,
+    proxy_factory: Callable[..., Awaitable[Proxy]],
+    openai_client: Callable[..., AsyncOpenAI],
+) -> None:
+    proxy = await proxy_factory(sim.url, console__subscriber_queue=8)
+    console = proxy.served.runner.app[OPS].console
+    assert console is not None
+    seen: Events = []
+
+    async def quick_page() -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{proxy.served.base}/console/feed") as r,
+        ):
+            await read_events(r, lambda _: False, seen, timeout=120)
+
+    reader = asyncio.create_task(quick_page())
+    stuck = stuck_page(proxy.served.port)
+    try:
+        await until(lambda: len(console.subscribers) == 2)
+        # a turn while the page is connected and not reading: nothing waits for it
+        client = openai_client(proxy.http, api_key="sk-test")
+        [resp] = await conversation(client, ("one",))
+        await until(lambda: any(e.get("response_id") == resp.id for e in seen))
+
+        def flood() -> bool:  # large events until the stuck page's buffers and queue are full
+            console.publish({"type": "padding", "pad": "x" * 65536})
+            return console.dropped == 1
+
+        await until(flood, timeout=30)
+        assert console.subscribers and len(console.subscribers) == 1  # the quick page stays
+        [resp] = await conversation(client, ("two",))
+        await until(lambda: any(e.get("response_id") == resp.id for e in seen))
+        assert not reader.done()
+        # the proxy closed the stuck page's socket: after what was buffered, the end
+        stuck.setblocking(False)
+
+        def ended() -> bool:
+            try:
+                while chunk := stuck.recv(1 << 20):
+                    del chunk
+            except BlockingIOError:
+                return False
+            return True
+
+        await until(ended)
+    finally:
+        stuck.close()
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+
+
+async def test_a_drain_ends_the_feed(proxy: Proxy) -> None:
+    ops = proxy.served.runner.app[OPS]
+    async with aiohttp.ClientSession() as http, http.get(f"{proxy.served.base}/console/feed") as r:
+        await read_events(r, lambda ev: len(ev) >= 2)
+        ops.begin_drain()
+        async with asyncio.timeout(seconds(10)):
+            assert await r.content.read() is not None  # to the end of the stream
+        assert await ops.wait_drained(seconds(10))

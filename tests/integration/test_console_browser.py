@@ -1,0 +1,208 @@
+"""The console in a real browser: Debian's headless Chromium driven by Playwright (never a
+browser Playwright downloads), against wsmode and the sim on 127.0.0.1, with a conversation
+run by the openai SDK over WebSocket mode.
+
+The page must show each turn and its byte counts (the numbers wsmode counted), the open
+connection, the upstream, the memory parts and recent errors with their codes; no payload
+text unless `console.show_content`; with proxy auth it asks for the key and reads the feed
+with it. Every request the browser makes is checked to stay on the proxy's origin.
+
+`WSMODE_UPDATE_SCREENSHOT=1` also writes the first test's page to docs/console.png (the
+README's screenshot).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI
+from playwright.async_api import Locator, Page, Route, async_playwright
+
+from tests.helpers import Proxy, Sim, sample, scrape, sdk_terminal, seconds
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+WORDS = ("zebra-quartz", "mango-lantern", "violet-anchor")
+
+
+@asynccontextmanager
+async def browser(profile: Path, origin: str) -> AsyncIterator[tuple[Page, list[str]]]:
+    """A page of a fresh headless Chromium (its own new profile folder), and the list of
+    requests it tried to make outside `origin` (aborted)."""
+    if shutil.which(CHROMIUM) is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} is missing (.ci/run installs Debian's chromium)")
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
+    outside: list[str] = []
+
+    async def only_the_proxy(route: Route) -> None:
+        url = route.request.url
+        if url.startswith(origin + "/") or url.startswith("data:"):
+            await route.continue_()
+        else:
+            outside.append(url)
+            await route.abort()
+
+    async with async_playwright() as pw:
+        context = await pw.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=FLAGS,
+            viewport={"width": 1440, "height": 900},
+            timeout=seconds(60) * 1000,  # a loaded machine starts a browser slowly
+        )
+        try:
+            await context.route("**/*", only_the_proxy)
+            page = context.pages[0] if context.pages else await context.new_page()
+            page.set_default_timeout(seconds(10) * 1000)
+            yield page, outside
+        finally:
+            await context.close()
+
+
+def number(text: str) -> int:
+    """`1,234 B` as shown -> 1234."""
+    match = re.fullmatch(r"([\d,]+) B", text.strip())
+    assert match, text
+    return int(match.group(1).replace(",", ""))
+
+
+async def texts(where: Page | Locator, selector: str) -> list[str]:
+    return [t.strip() for t in await where.locator(selector).all_inner_texts()]
+
+
+async def run_turns(conn: Any, words: tuple[str, ...]) -> list[Any]:
+    done, previous = [], None
+    for word in words:
+        await conn.response.create(
+            model="sim",
+            input=[{"role": "user", "content": f"please remember {word}"}],
+            previous_response_id=previous,
+        )
+        ev = await sdk_terminal(conn)
+        assert ev.type == "response.completed", ev
+        done.append(ev.response)
+        previous = ev.response.id
+    return done
+
+
+async def test_the_page_shows_the_turns_their_bytes_and_no_payload_text(
+    proxy: Proxy, openai_client: Callable[..., AsyncOpenAI], tmp_path: Path
+) -> None:
+    base = proxy.served.base
+    client = openai_client(proxy.http, api_key="sk-test")
+    async with browser(tmp_path / "profile", base) as (page, outside):
+        await page.goto(f"{base}/console")
+        await page.locator("#status.live").wait_for()
+        async with client.responses.connect() as conn:
+            done = await run_turns(conn, WORDS)
+            # a turn the proxy refuses: it is listed with its error code
+            await conn.response.create(model="sim", input="x", previous_response_id="resp_gone")
+            refused = await sdk_terminal(conn)
+            assert refused.type == "error"
+            await page.locator("tr.turn").nth(3).wait_for()
+            conn_id = (await page.locator("#connections td.id").first.inner_text()).strip()
+            assert conn_id.startswith("conn_")
+            if os.environ.get("WSMODE_UPDATE_SCREENSHOT"):  # the README's picture
+                await page.locator("#errors td.error-code").first.wait_for()
+                await page.screenshot(path=str(DOCS / "console.png"), full_page=True)
+        chat = page.locator(".conversation", has_text=done[0].id)
+        assert await texts(chat, "tr.turn td.response-id") == [r.id for r in done]
+        metrics = await scrape(proxy)
+        client_bytes = [number(t) for t in await texts(page, "tr.turn td.client-bytes")]
+        upstream_bytes = [number(t) for t in await texts(page, "tr.turn td.upstream-bytes")]
+        assert sum(client_bytes) == sample(metrics, "wsmode_client_bytes_received_total")
+        assert sum(upstream_bytes) == sample(metrics, "wsmode_upstream_bytes_sent_total")
+        ours = [number(t) for t in await texts(chat, "tr.turn td.client-bytes")]
+        sent = [number(t) for t in await texts(chat, "tr.turn td.upstream-bytes")]
+        assert sent[2] > ours[2]  # the history went upstream, not from the client
+        assert number((await texts(chat, ".total-client-bytes"))[0]) == sum(ours)
+        assert number((await texts(chat, ".total-upstream-bytes"))[0]) == sum(sent)
+        assert await texts(chat, "tr.turn td.outcome") == ["completed"] * 3
+        assert await texts(chat, "tr.turn td.new-items") == ["1"] * 3
+        assert await texts(page, "tr.turn td.replica") == ["—"] * 4  # no pool: none reported
+        gone = page.locator(".conversation", has_text="continues resp_gone")
+        assert await texts(gone, "tr.turn td.outcome") == ["rejected"]
+        await page.locator(
+            "#errors td.error-code", has_text="previous_response_not_found"
+        ).wait_for()
+        # the upstream and the memory parts against their budgets
+        upstream_url = (await page.locator("#upstreams td.id").first.inner_text()).strip()
+        assert upstream_url == proxy.state.upstream_url
+        assert len(await texts(page, "#memory tbody tr")) == 3
+        # no payload text anywhere on the page: neither the input nor the model's output
+        shown = await page.locator("body").inner_text()
+        assert not any(word in shown for word in WORDS)
+        assert done[0].output_text not in shown
+        assert await page.locator("td.input-text").count() == 0
+        assert outside == []
+
+
+async def test_with_show_content_the_page_shows_the_text(
+    sim: Sim,
+    proxy_factory: Callable[..., Awaitable[Proxy]],
+    openai_client: Callable[..., AsyncOpenAI],
+    tmp_path: Path,
+) -> None:
+    proxy = await proxy_factory(sim.url, console__show_content=True)
+    base = proxy.served.base
+    client = openai_client(proxy.http, api_key="sk-test")
+    async with client.responses.connect() as conn:
+        [done] = await run_turns(conn, WORDS[:1])
+    async with browser(tmp_path / "profile", base) as (page, outside):
+        await page.goto(f"{base}/console")
+        await page.locator("tr.turn").first.wait_for()
+        assert await texts(page, "tr.turn td.input-text") == [f"please remember {WORDS[0]}"]
+        assert await texts(page, "tr.turn td.output-text") == [done.output_text.strip()]
+        assert outside == []
+
+
+async def test_behind_auth_the_page_asks_for_the_key_and_never_puts_it_in_a_url(
+    sim: Sim,
+    proxy_factory: Callable[..., Awaitable[Proxy]],
+    openai_client: Callable[..., AsyncOpenAI],
+    tmp_path: Path,
+) -> None:
+    key = "console-key-123"
+    proxy = await proxy_factory(
+        sim.url, server__host="0.0.0.0", console__enabled=True, auth__api_keys=(key,)
+    )
+    base = proxy.served.base
+    client = openai_client(proxy.http, api_key=key)
+    async with client.responses.connect() as conn:
+        [done] = await run_turns(conn, WORDS[:1])
+    async with browser(tmp_path / "profile", base) as (page, outside):
+        urls: list[str] = []
+        page.on("request", lambda request: urls.append(request.url))
+        await page.goto(f"{base}/console")
+        await page.locator("#key-form").wait_for()
+        assert await page.locator("tr.turn").count() == 0  # nothing shown without the key
+        await page.fill("#key", "not-the-key")
+        await page.click("#key-form button")
+        await page.locator("#key-error", has_text="refused").wait_for()
+        await page.fill("#key", key)
+        await page.click("#key-form button")
+        await page.locator("#status.live").wait_for()
+        assert await texts(page, "tr.turn td.response-id") == [done.id]
+        assert await page.locator("#key-form").is_hidden()
+        assert urls and not any(key in url for url in urls)
+        assert key not in page.url
+        assert outside == []
