@@ -128,7 +128,9 @@ async def test_the_feed_shows_each_turn_with_its_bytes_and_no_payload_text(
     for t in shown:
         assert t["outcome"] == "completed" and t["source"].startswith("conn_")
         assert t["lane"] is None and t["new_items"] == 1 and t["output_items"] >= 1
-        assert t["replica"] is None and t["cached_tokens"] is None  # no pool yet
+        # the pool's one replica (the sim) served it, and reported no prompt cache hits
+        assert t["replica"] == proxy.state.pool.replicas[0].name
+        assert t["cached_tokens"] == 0
         first = t["first_event"]
         assert first["proxy"] >= 0 and first["upstream"] >= 0
         assert first["proxy"] + first["upstream"] == pytest.approx(first["total"])

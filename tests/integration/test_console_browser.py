@@ -138,7 +138,9 @@ async def test_the_page_shows_the_turns_their_bytes_and_no_payload_text(
         assert number((await texts(chat, ".total-upstream-bytes"))[0]) == sum(sent)
         assert await texts(chat, "tr.turn td.outcome") == ["completed"] * 3
         assert await texts(chat, "tr.turn td.new-items") == ["1"] * 3
-        assert await texts(page, "tr.turn td.replica") == ["—"] * 4  # no pool: none reported
+        # the sim, the pool's one replica, served the three turns; the refused one went nowhere
+        replica = proxy.state.pool.replicas[0].name
+        assert await texts(chat, "tr.turn td.replica") == [replica] * 3
         gone = page.locator(".conversation", has_text="continues resp_gone")
         assert await texts(gone, "tr.turn td.outcome") == ["rejected"]
         await page.locator(
