@@ -224,7 +224,7 @@ def table(results: dict[str, Any]) -> str:
                     f"  {cell['rtt_ms']:>4g}ms {cell['uplink_mbit']:>5g}Mbit/s {name:<14} "
                     f"{med:>9.3f} {http / med:>7.2f}x {med / cell['ideal_s']:>7.2f}x"
                     + (
-                        f"  (handshake {c['connect_s'] * 1000:.1f} ms)"
+                        f"  (connection opened before: {c['connect_s'] * 1000:.1f} ms)"
                         if c.get("connect_s")
                         else ""
                     )
