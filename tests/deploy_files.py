@@ -71,7 +71,15 @@ def configmap_toml() -> str:
 def pod_env() -> dict[str, str]:
     """The environment `wsmode serve` starts with in the pod: the image's ENV, then the
     container's own variables, Secret references filled in."""
-    env = dict(DockerfileParser(str(ROOT / "Dockerfile")).envs)
+    parser = DockerfileParser(str(ROOT / "Dockerfile"))
+    env = dict(parser.envs)
+    # a variable naming a file the image copies in from the repository: that file, here
+    copied = {
+        words[-1]: str(ROOT / words[-2])
+        for i in parser.structure
+        if i["instruction"] == "COPY" and len(words := i["value"].split()) == 2
+    }
+    env = {name: copied.get(value, value) for name, value in env.items()}
     for var in wsmode_container().get("env", []):
         if "value" in var:
             env[var["name"]] = str(var["value"])

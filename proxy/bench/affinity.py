@@ -79,7 +79,9 @@ class AffinityProfile:
 DEFAULT = AffinityProfile()
 QUICK = AffinityProfile(conversations=16, turns=8, replicas=4, prefill_tokens_per_second=5000.0)
 SMOKE = AffinityProfile(
-    conversations=4,
+    # an odd number of conversations over two replicas: a round-robin balancer then sends a
+    # conversation's turns to each replica in turn (with four, each would stay on one)
+    conversations=3,
     turns=3,
     replicas=2,
     instructions_tokens=20,

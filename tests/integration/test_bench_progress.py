@@ -27,9 +27,9 @@ def test_bench_prints_progress_per_scenario_on_stderr(tmp_path: Path) -> None:
         for line in proc.stderr.splitlines()
         if line.startswith("wsmode bench: ")
     ]
-    # the smoke plan: overhead measures one history size, scale one connection count
+    # the smoke plan: overhead measures four history sizes, scale one connection count
     assert progress == [
-        "wsmode bench: scenario 1/2 overhead (1 cell; 2 cells left in the run, N s so far)",
+        "wsmode bench: scenario 1/2 overhead (4 cells; 5 cells left in the run, N s so far)",
         "wsmode bench: overhead done in N s; 1 cell left",
         "wsmode bench: scenario 2/2 scale (1 cell; 1 cell left in the run, N s so far)",
         "wsmode bench: scale done in N s; 0 cells left",

@@ -190,7 +190,7 @@ def test_the_pod_environment_names_only_known_settings(tmp_path: Path) -> None:
     sets is also one the loader reads into a field (not only accepted)."""
     settings = deployed_settings(tmp_path)
     for name in pod_env():
-        if not name.startswith("WSMODE_") or name == "WSMODE_CONFIG":
+        if not name.startswith("WSMODE_") or name in ("WSMODE_CONFIG", "WSMODE_BASE_CONFIG"):
             continue
         section, key = ENV_ALIASES.get(name) or name.removeprefix("WSMODE_").lower().split("_", 1)
         assert hasattr(getattr(settings, section), key), name
