@@ -123,6 +123,11 @@ async def _readyz(request: web.Request) -> web.Response:
     return web.json_response(doc, status=503 if reasons else 200)
 
 
+def console_on(settings: Settings) -> bool:
+    """Whether these settings serve the browser console at /console (console/routes.py)."""
+    return console.enabled(settings)
+
+
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.server.max_message_bytes)
     core = build_core(settings)

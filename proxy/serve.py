@@ -37,7 +37,7 @@ from multiprocessing.process import BaseProcess
 
 from aiohttp import web
 
-from .app import HANDLER_CANCELLATION, create_app
+from .app import HANDLER_CANCELLATION, console_on, create_app
 from .config import ServerSettings, Settings
 from .ops import descriptors
 from .ops.listener import Listener
@@ -161,6 +161,8 @@ def announce_serve(settings: Settings, version: str) -> None:
         host,
         s.port,
     )
+    if console_on(settings):
+        log.info("console (open it in a browser): %s://%s:%d/console", http, host, s.port)
     if s.listen_file:
         try:
             with open(s.listen_file, "w", encoding="utf-8") as f:

@@ -39,6 +39,7 @@ async def probe(
         return
     if status == 404 and await _post_empty(upstream, base, "/chat/completions") == 404:
         # neither API is there: the URL is wrong (most often: /v1 left out), not the dialect
+        dialect.url_looks_wrong = True
         log.warning(
             "upstream.api=auto: both POST %s/responses and POST %s/chat/completions answered "
             "404: the upstream URL looks wrong (OpenAI-compatible servers serve the API "

@@ -64,6 +64,7 @@ async def test_start_up_under_json_logs_is_json_and_names_a_usable_url() -> None
         f"(clients use base URL http://127.0.0.1:{port}/v1)"
     ]
     assert f"0.0.0.0:{port}/v1" not in err
+    assert not any("/console" in m for m in messages)  # off on every address by default
     warnings = [d["message"] for d in docs if d["level"] == "WARNING"]
     assert any("without proxy auth" in m and "auth.api_keys" in m for m in warnings)
     # the compaction key is not a warning on a single process: an INFO saying what it costs
@@ -82,6 +83,8 @@ async def test_loopback_with_auth_gives_no_exposure_warning() -> None:
         _, err = await asyncio.to_thread(proc.communicate, timeout=seconds(20))
     assert "without proxy auth" not in err
     assert f"listening on ws://127.0.0.1:{port}/v1/responses" in err
+    # on loopback the console is on, and the start-up says where
+    assert f"console (open it in a browser): http://127.0.0.1:{port}/console" in err
 
 
 def test_compaction_key_warns_only_with_several_workers(caplog: pytest.LogCaptureFixture) -> None:

@@ -50,6 +50,13 @@ async def test_auto_does_not_take_404_on_both_apis_for_chat(
     proxy = await proxy_factory(sim.served.base, upstream__api="auto")
     assert proxy.state.policy.dialect.name == "auto (undecided)"
     assert any("the upstream URL looks wrong" in m for m in _warnings(caplog))
+    # nor does a request's own 404 then switch to Chat: the client is told of the URL
+    async with connect(proxy.ws) as ws:
+        await send(ws, create(input="hi"))
+        error = (await until_terminal(ws))[-1]
+    assert error["type"] == "error" and error["status"] == 404
+    assert f"{sim.served.base}/responses answered HTTP 404" in error["error"]["message"]
+    assert proxy.state.policy.dialect.name == "auto (undecided)"
 
 
 async def test_a_refused_connection_is_said_in_words_with_the_url(

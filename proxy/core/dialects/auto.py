@@ -4,7 +4,9 @@ Until it is decided, requests go to `/responses` (the native format; a poor stre
 repaired). The decision comes from whichever happens first: the adapter's start-up probe
 (`decide`), a `/responses` request that streams (Responses), or one refused with 404 or 405
 (Chat Completions, and that request is rebuilt and sent again as Chat). The decision is
-logged and reported by `name` (shown in /healthz).
+logged and reported by `name` (shown in /healthz). When the probe found neither API at the
+URL (`url_looks_wrong`: both answered 404), a request's 404 decides nothing either: it goes
+back to the client naming the URL, and the dialect stays undecided until the URL is fixed.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class AutoDialect:
         self.chat = chat
         self.choice: Dialect | None = None
         self.reason = ""
+        self.url_looks_wrong = False  # the probe found neither API there (upstream/probe.py)
 
     @property
     def name(self) -> str:
@@ -56,6 +59,8 @@ class AutoDialect:
 
     def retry_elsewhere(self, status: int, stream: StreamTranslator) -> bool:
         if status not in REFUSED or not isinstance(stream, ResponsesStream):
+            return False
+        if self.url_looks_wrong and status == 404:  # not the dialect: the URL (see above)
             return False
         self.decide(self.chat, f"the upstream answered {status} to POST /responses")
         return self.choice is self.chat
