@@ -202,6 +202,7 @@ class RunTracker:
                     response_id=action.response_id,
                     outcome=outcome,
                     usage=action.usage,
+                    upstream=action.replica,
                     frames=frames[-2:],
                     client_bytes=trace.client_bytes if trace else 0,
                     upstream_bytes=trace.upstream_bytes if trace else 0,

@@ -41,6 +41,7 @@ class PendingRecord:
     queued_seconds: float | None
     first_event_seconds: float | None
     duration_seconds: float | None
+    upstream: str | None = None  # the replica that served it (upstream/pool.py)
 
 
 def _response_of(frames: list[bytes]) -> dict[str, Any]:
@@ -70,6 +71,7 @@ def render(rec: PendingRecord) -> dict[str, Any]:
         "response_id": rec.response_id,
         "outcome": rec.outcome,
         "dialect": rec.dialect,
+        "upstream": rec.upstream,
         "model": resp.get("model") if isinstance(resp.get("model"), str) else None,
         "usage": usage if isinstance(usage, dict) else None,
         "bytes": {

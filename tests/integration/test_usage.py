@@ -65,6 +65,7 @@ async def test_jsonl_record_per_response(
         await recv(ws)
     records = await _lines(path, 4)
     assert [r["outcome"] for r in records] == ["completed", "completed", "warmup", "failed"]
+    assert records[2]["upstream"] is None  # a warmup goes to no model server
     one, two = records[0], records[1]
     for rec, resp, size, upstream in zip(
         (one, two), (first, second), frames, sim.state.requests, strict=False
@@ -74,6 +75,7 @@ async def test_jsonl_record_per_response(
         assert rec["credential"] == owner_of("Bearer sk-customer-1")
         assert rec["request_id"] == "req-usage-1"
         assert rec["dialect"] == "responses"
+        assert rec["upstream"] == proxy.state.pool.replicas[0].name  # the sim served it
         assert rec["bytes"]["from_client"] == size
         assert rec["bytes"]["to_upstream"] == int(upstream["headers"]["Content-Length"])
         assert rec["bytes"]["from_upstream"] > 0
