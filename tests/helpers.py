@@ -221,6 +221,24 @@ async def sdk_terminal(conn: Any, timeout: float = 10) -> Any:
     return await asyncio.wait_for(loop(), seconds(timeout))
 
 
+async def sdk_chain(conn: Any, words: tuple[str, ...]) -> list[Any]:
+    """On an openai SDK connection, one turn per word, each continuing the last; every turn
+    must complete. The response objects, in order."""
+    done: list[Any] = []
+    previous = None
+    for word in words:
+        await conn.response.create(
+            model="sim",
+            input=[{"role": "user", "content": f"please remember {word}"}],
+            previous_response_id=previous,
+        )
+        ev = await sdk_terminal(conn)
+        assert ev.type == "response.completed", ev
+        done.append(ev.response)
+        previous = ev.response.id
+    return done
+
+
 # ------------------------------------------------------------------ HTTP clients
 
 

@@ -30,7 +30,7 @@ from tests.helpers import (
     proxy_settings,
     sample,
     scrape,
-    sdk_terminal,
+    sdk_chain,
     seconds,
     send,
     until,
@@ -44,20 +44,8 @@ SECRET_WORDS = ("zebra-quartz", "mango-lantern", "violet-anchor")
 
 async def conversation(client: AsyncOpenAI, words: tuple[str, ...] = SECRET_WORDS) -> list[Any]:
     """One WebSocket conversation, a turn per word, each continuing the last."""
-    done = []
     async with client.responses.connect() as conn:
-        previous = None
-        for word in words:
-            await conn.response.create(
-                model="sim",
-                input=[{"role": "user", "content": f"please remember {word}"}],
-                previous_response_id=previous,
-            )
-            ev = await sdk_terminal(conn)
-            assert ev.type == "response.completed", ev
-            done.append(ev.response)
-            previous = ev.response.id
-    return done
+        return await sdk_chain(conn, words)
 
 
 async def read_events(

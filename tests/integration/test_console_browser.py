@@ -19,13 +19,12 @@ import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 from openai import AsyncOpenAI
 from playwright.async_api import Locator, Page, Route, async_playwright
 
-from tests.helpers import Proxy, Sim, sample, scrape, sdk_terminal, seconds
+from tests.helpers import Proxy, Sim, sample, scrape, sdk_chain, sdk_terminal, seconds
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
@@ -89,21 +88,6 @@ async def texts(where: Page | Locator, selector: str) -> list[str]:
     return [t.strip() for t in await where.locator(selector).all_inner_texts()]
 
 
-async def run_turns(conn: Any, words: tuple[str, ...]) -> list[Any]:
-    done, previous = [], None
-    for word in words:
-        await conn.response.create(
-            model="sim",
-            input=[{"role": "user", "content": f"please remember {word}"}],
-            previous_response_id=previous,
-        )
-        ev = await sdk_terminal(conn)
-        assert ev.type == "response.completed", ev
-        done.append(ev.response)
-        previous = ev.response.id
-    return done
-
-
 async def test_the_page_shows_the_turns_their_bytes_and_no_payload_text(
     proxy: Proxy, openai_client: Callable[..., AsyncOpenAI], tmp_path: Path
 ) -> None:
@@ -113,7 +97,7 @@ async def test_the_page_shows_the_turns_their_bytes_and_no_payload_text(
         await page.goto(f"{base}/console")
         await page.locator("#status.live").wait_for()
         async with client.responses.connect() as conn:
-            done = await run_turns(conn, WORDS)
+            done = await sdk_chain(conn, WORDS)
             # a turn the proxy refuses: it is listed with its error code
             await conn.response.create(model="sim", input="x", previous_response_id="resp_gone")
             refused = await sdk_terminal(conn)
@@ -168,7 +152,7 @@ async def test_with_show_content_the_page_shows_the_text(
     base = proxy.served.base
     client = openai_client(proxy.http, api_key="sk-test")
     async with client.responses.connect() as conn:
-        [done] = await run_turns(conn, WORDS[:1])
+        [done] = await sdk_chain(conn, WORDS[:1])
     async with browser(tmp_path / "profile", base) as (page, outside):
         await page.goto(f"{base}/console")
         await page.locator("tr.turn").first.wait_for()
@@ -190,7 +174,7 @@ async def test_behind_auth_the_page_asks_for_the_key_and_never_puts_it_in_a_url(
     base = proxy.served.base
     client = openai_client(proxy.http, api_key=key)
     async with client.responses.connect() as conn:
-        [done] = await run_turns(conn, WORDS[:1])
+        [done] = await sdk_chain(conn, WORDS[:1])
     async with browser(tmp_path / "profile", base) as (page, outside):
         urls: list[str] = []
         page.on("request", lambda request: urls.append(request.url))
