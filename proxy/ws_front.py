@@ -12,7 +12,8 @@ It is the one place `CancelUpstream` is acted on (proxy/upstream/runner.py says 
 
 Backpressure: a write waits while more than `server.outbound_buffer_bytes` are queued for the
 client (our write buffer; the kernel's send buffer is asked for the same size), and the pump
-waits on the write, so the upstream is not read meanwhile. A write blocked for
+waits on the write, so the upstream is not read meanwhile; one upstream chunk's frames go
+out in batches of half the bound, so a large chunk does not overshoot it. A write blocked for
 `server.send_timeout` leaves the pump (closing the upstream request) and tells the session
 (`client_stalled`), which fails the response: the client, once it reads again, finds
 `response.failed` and an `error` with code `client_too_slow`.
@@ -103,6 +104,7 @@ class ClientConnection:
         self.responses = 0
         self.bytes_in = 0
         self.bytes_out = 0
+        self.write_timeouts = 0  # writes whose wait for the client to read timed out
         self.send_timeout = s.server.send_timeout or None
         self.draining = False
         self._idle = asyncio.Event()
@@ -333,18 +335,11 @@ class ClientConnection:
             elif transport.is_closing():
                 return  # the reader sees the close and cleans up
             else:
-                parts: list[bytes] = []
-                for frame in frames:
-                    parts += (_text_header(len(frame)), frame)
-                transport.write(b"".join(parts))
-                self.outbound.count(transport)  # counted again only if the drain waited
-                if self.request.protocol.writing_paused:  # only then can the drain block
-                    async with asyncio.timeout(self.send_timeout):
-                        await self.writer.drain()
-                    self.outbound.count(transport)
+                await self._write(transport, frames)
         except ConnectionError:
             return  # the reader sees the close and cleans up
         except TimeoutError:
+            self.write_timeouts += 1
             self.outbound.count(self.request.transport)
             self.bytes_out += size  # queued already; only the wait for room timed out
             if run_id is not None:
@@ -352,6 +347,43 @@ class ClientConnection:
             return
         self.bytes_out += size
         self.ops.metrics.client_bytes_sent.inc(size)
+
+    async def _write(self, transport: asyncio.Transport, frames: list[bytes]) -> None:
+        """Write the frames of one upstream chunk in batches of about half the outbound
+        bound, one transport write each, waiting between batches while the transport is
+        paused: the buffer then stays within `server.outbound_buffer_bytes` (plus one frame)
+        however large a chunk the upstream delivered after a pause. A wait that times out
+        still queues the rest, in order, then raises TimeoutError."""
+        batch = self.state.settings.server.outbound_buffer_bytes // 2
+        parts: list[bytes] = []
+        pending = 0
+        for index, frame in enumerate(frames):
+            header = _text_header(len(frame))
+            size = len(header) + len(frame)
+            if parts and pending + size > batch:  # this frame would pass the batch: write
+                transport.write(b"".join(parts))
+                parts, pending = [], 0
+                try:
+                    await self._drained(transport)
+                except TimeoutError:
+                    rest = frames[index:]
+                    transport.write(b"".join(p for f in rest for p in (_text_header(len(f)), f)))
+                    self.outbound.count(transport)
+                    raise
+            parts += (header, frame)
+            pending += size
+        transport.write(b"".join(parts))
+        await self._drained(transport)
+
+    async def _drained(self, transport: asyncio.Transport) -> None:
+        """Count the buffer; while the transport is paused, wait (bounded) for the client to
+        read, and count it again after."""
+        self.outbound.count(transport)  # counted again only if the drain waited
+        if self.request.protocol.writing_paused:  # only then can the drain block
+            assert self.writer is not None
+            async with asyncio.timeout(self.send_timeout):
+                await self.writer.drain()
+            self.outbound.count(transport)
 
     async def _pump(self, start: StartUpstream | Summarise) -> None:
         run_id = start.run_id

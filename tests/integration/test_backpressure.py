@@ -17,9 +17,9 @@ from typing import Any
 
 from websockets.asyncio.client import connect
 from wsmode.ops.middleware import OPS
+from wsmode.ws_front import ClientConnection
 
 from tests.helpers import (
-    Metrics,
     Proxy,
     Sim,
     create,
@@ -45,6 +45,46 @@ def small_socket(port: int) -> socket.socket:
     return s
 
 
+async def stalled_peaks(conn: ClientConnection) -> list[int]:
+    """The connection's write buffer, sampled until its wait for the client to read times
+    out. Read in-process: the timed-out write queues the rest of its chunk (for when the
+    client reads again) in the same step that counts the timeout, so no sample sees it."""
+    transport = conn.request.transport
+    assert transport is not None
+    peaks: list[int] = []
+
+    def timed_out() -> bool:
+        if conn.write_timeouts:
+            return True
+        peaks.append(transport.get_write_buffer_size())
+        return False
+
+    await until(timed_out, 30, every=0.01, message="the write never timed out")
+    return peaks
+
+
+async def test_a_large_upstream_chunk_is_written_within_the_bound(
+    sim_factory: Callable[..., Awaitable[Sim]], proxy_factory: ProxyFactory
+) -> None:
+    """The sim writes its events in chunks of up to 64 KiB; with a 16 KiB outbound bound one
+    chunk's frames are more than the bound, so they go out in batches, each after the
+    client read the last: the buffer never holds more than the bound (and one frame)."""
+    small = 16 * 1024
+    sim = await sim_factory(output_tokens=TOKENS)
+    proxy = await proxy_factory(
+        sim.url, server__outbound_buffer_bytes=small, server__send_timeout=seconds(1.5)
+    )
+    ops = proxy.served.runner.app[OPS]
+    async with connect(
+        proxy.ws, sock=small_socket(proxy.served.port), max_queue=1, max_size=None
+    ) as ws:
+        await send(ws, create(input="a long answer please", store=False))
+        assert (await recv(ws))["type"] == "response.created"
+        conn = next(iter(ops.connections))
+        peaks = await stalled_peaks(conn)
+        assert 0 < max(peaks) <= small + 1024  # the bound, and at most one delta frame more
+
+
 async def test_client_that_stops_reading(
     sim_factory: Callable[..., Awaitable[Sim]], proxy_factory: ProxyFactory
 ) -> None:
@@ -61,18 +101,13 @@ async def test_client_that_stops_reading(
         first = await recv(ws)
         assert first["type"] == "response.created"
         conn = next(iter(ops.connections))
-        transport = conn.request.transport
         # stalled: while the response is blocked, our buffer stays within the bound and
         # the upstream is not read to the end
-        peaks: list[int] = []
-
-        def cancelled(m: Metrics) -> bool:
-            peaks.append(transport.get_write_buffer_size())
-            return sample(m, "wsmode_slow_client_cancellations_total") == 1
-
-        m = await scrape_until(proxy, cancelled)
-        assert sample(m, "wsmode_slow_client_cancellations_total") == 1
+        peaks = await stalled_peaks(conn)
         assert max(peaks) <= BOUND
+        m = await scrape_until(
+            proxy, lambda m: sample(m, "wsmode_slow_client_cancellations_total") == 1
+        )
         upstream_read = sample(m, "wsmode_upstream_bytes_received_total")
         assert 0 < upstream_read < 0.2 * TOKENS * 150  # paused long before the end
         await until(lambda: sim.state.cancelled == 1)  # the upstream request was closed
