@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
+from websockets.asyncio.client import ClientConnection as WebSocket
 from websockets.asyncio.client import connect
 from wsmode.ops.middleware import OPS
-from wsmode.ws_front import ClientConnection
+from wsmode.ws_front import ClientConnection as Conn
 
 from tests.helpers import (
     Proxy,
@@ -45,7 +47,21 @@ def small_socket(port: int) -> socket.socket:
     return s
 
 
-async def stalled_peaks(conn: ClientConnection) -> list[int]:
+@asynccontextmanager
+async def stalled_socket(proxy: Proxy) -> AsyncIterator[tuple[WebSocket, dict[str, Any], Conn]]:
+    """A WebSocket that asked for a long answer and then reads nothing (max_queue=1: the
+    websockets client stops reading its socket while we do not recv()): the socket, the
+    `response.created` it did read, and the proxy's side of the connection."""
+    async with connect(
+        proxy.ws, sock=small_socket(proxy.served.port), max_queue=1, max_size=None
+    ) as ws:
+        await send(ws, create(input="a long answer please", store=False))
+        first = await recv(ws)
+        assert first["type"] == "response.created"
+        yield ws, first, next(iter(proxy.served.runner.app[OPS].connections))
+
+
+async def stalled_peaks(conn: Conn) -> list[int]:
     """The connection's write buffer, sampled until its wait for the client to read times
     out. Read in-process: the timed-out write queues the rest of its chunk (for when the
     client reads again) in the same step that counts the timeout, so no sample sees it."""
@@ -74,13 +90,7 @@ async def test_a_large_upstream_chunk_is_written_within_the_bound(
     proxy = await proxy_factory(
         sim.url, server__outbound_buffer_bytes=small, server__send_timeout=seconds(1.5)
     )
-    ops = proxy.served.runner.app[OPS]
-    async with connect(
-        proxy.ws, sock=small_socket(proxy.served.port), max_queue=1, max_size=None
-    ) as ws:
-        await send(ws, create(input="a long answer please", store=False))
-        assert (await recv(ws))["type"] == "response.created"
-        conn = next(iter(ops.connections))
+    async with stalled_socket(proxy) as (_, _, conn):
         peaks = await stalled_peaks(conn)
         assert 0 < max(peaks) <= small + 1024  # the bound, and at most one delta frame more
 
@@ -92,15 +102,7 @@ async def test_client_that_stops_reading(
     proxy = await proxy_factory(
         sim.url, server__outbound_buffer_bytes=BOUND, server__send_timeout=seconds(1.5)
     )
-    ops = proxy.served.runner.app[OPS]
-    # max_queue=1: the websockets client stops reading its socket while we do not recv()
-    async with connect(
-        proxy.ws, sock=small_socket(proxy.served.port), max_queue=1, max_size=None
-    ) as ws:
-        await send(ws, create(input="a long answer please", store=False))
-        first = await recv(ws)
-        assert first["type"] == "response.created"
-        conn = next(iter(ops.connections))
+    async with stalled_socket(proxy) as (ws, first, conn):
         # stalled: while the response is blocked, our buffer stays within the bound and
         # the upstream is not read to the end
         peaks = await stalled_peaks(conn)
@@ -191,13 +193,7 @@ async def test_outbound_bytes_count_against_the_memory_budget(
     proxy = await proxy_factory(
         sim.url, server__outbound_buffer_bytes=BOUND, server__send_timeout=seconds(30)
     )
-    ops = proxy.served.runner.app[OPS]
-    async with connect(
-        proxy.ws, sock=small_socket(proxy.served.port), max_queue=1, max_size=None
-    ) as ws:
-        await send(ws, create(input="a long answer please", store=False))
-        assert (await recv(ws))["type"] == "response.created"
-        conn = next(iter(ops.connections))
+    async with stalled_socket(proxy) as (_, _, conn):
         m = await scrape_until(
             proxy, lambda m: sample(m, "wsmode_memory_bytes", part="outbound") > BOUND // 4
         )
