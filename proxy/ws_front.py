@@ -53,9 +53,10 @@ from .core.actions import (
     Summarise,
 )
 from .core.ids import new_id
-from .core.store import StoreUnavailable, owner_of
+from .core.store import owner_of
 from .ops.middleware import CLOSE_CODE, OPS, REQUEST_ID
 from .ops.outbound import Outbound
+from .ops.shared_store import load_parent
 from .ops.throttle import ReadRate
 from .ops.tracking import RunTracker
 from .runtime import AppState
@@ -409,13 +410,8 @@ class ClientConnection:
 
     async def _load(self, action: LoadStored) -> None:
         """Read a run's parent from the remote store, then hand the answer to the session."""
-        store = self.state.responses
-        assert store is not None
         try:
-            stored = await store.load(action.response_id, action.owner)
-            actions = self.session.stored_loaded(action.run_id, stored)
-        except StoreUnavailable:
-            actions = self.session.stored_loaded(action.run_id, None, unavailable=True)
+            actions = await load_parent(self.state.responses, self.session, action)
         finally:
             if self.pumps.get(action.run_id) is asyncio.current_task():
                 del self.pumps[action.run_id]

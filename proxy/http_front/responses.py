@@ -40,10 +40,11 @@ from ..core.actions import (
 )
 from ..core.errors import ClientError, ProxyError
 from ..core.http_answer import HttpAnswer
-from ..core.store import StoreUnavailable, owner_of
+from ..core.store import owner_of
 from ..ops.bodies import read_body
 from ..ops.middleware import OPS, REQUEST_ID, TRACKED, client_left
 from ..ops.outbound import Outbound
+from ..ops.shared_store import load_parent
 from ..ops.tracking import RunTracker
 from ..runtime import APP_STATE, AppState
 from ..upstream.runner import Abandon
@@ -198,7 +199,9 @@ class HttpExchange:
                     # only a connection's lifetime ends in Close; an exchange has none
                     raise RuntimeError("a one-shot HTTP session asked to close a connection")
                 case LoadStored():
-                    await self.execute(await self._load(action))
+                    await self.execute(
+                        await load_parent(self.state.responses, self.session, action)
+                    )
                 case SaveStored():  # before the terminal event, as over WebSocket
                     assert self.state.responses is not None
                     await self.state.responses.save(action.stored, action.owner)
@@ -206,16 +209,6 @@ class HttpExchange:
                     assert_never(action)
         if abandon:
             raise Abandon
-
-    async def _load(self, action: LoadStored) -> list[Action]:
-        """The parent from the remote store, handed to the session: what to do next."""
-        store = self.state.responses
-        assert store is not None
-        try:
-            stored = await store.load(action.response_id, action.owner)
-        except StoreUnavailable:
-            return self.session.stored_loaded(action.run_id, None, unavailable=True)
-        return self.session.stored_loaded(action.run_id, stored)
 
     async def _frame(self, frame: bytes) -> None:
         write = self.answer.event(wire.event_type(frame) or "message", frame)

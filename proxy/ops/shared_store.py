@@ -44,7 +44,9 @@ from typing import Any, TypeVar
 from immutables import Map
 
 from ..core import wire
+from ..core.actions import Action, LoadStored
 from ..core.conversation import CachedResponse, Segment
+from ..core.session import Session
 from ..core.store import AsyncStore, ResponseStore, StoredResponse, StoreUnavailable
 from .metrics import Metrics
 
@@ -288,6 +290,19 @@ class RedisStore:
         except StoreUnavailable:
             return False
         return True
+
+
+async def load_parent(
+    store: AsyncStore | None, session: Session, action: LoadStored
+) -> list[Action]:
+    """Execute a session's `LoadStored`: read the run's parent and hand the answer (found,
+    not found, or the store unavailable) to the session; what it does next."""
+    assert store is not None
+    try:
+        stored = await store.load(action.response_id, action.owner)
+    except StoreUnavailable:
+        return session.stored_loaded(action.run_id, None, unavailable=True)
+    return session.stored_loaded(action.run_id, stored)
 
 
 async def store_status(store: AsyncStore | None) -> dict[str, Any] | None:
