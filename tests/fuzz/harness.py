@@ -48,6 +48,7 @@ class Stack:
     sim: Served
     proxy: Served
     script: Script
+    rest: dict[str, int] | None = None  # the idle server's snapshot, taken once
 
     @property
     def ws(self) -> str:
@@ -68,6 +69,13 @@ class Stack:
             "sim_active": self.sim.runner.app[SIM_STATE].active,
             "cache_entries": state.cache_budget.entries,
         }
+
+    async def at_rest(self) -> dict[str, int]:
+        """The idle server's snapshot, once what the previous example left winding down
+        (a closing connection's handler) has ended: every example starts from it."""
+        if self.rest is None:
+            self.rest = await self.snapshot()
+        return await self.settled(self.rest)
 
     async def settled(self, baseline: dict[str, int], timeout: float = 3) -> dict[str, int]:
         """The snapshot once it is back at `baseline`, or after `timeout` whatever it is (the

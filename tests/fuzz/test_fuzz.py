@@ -193,7 +193,8 @@ FRAMES = st.lists(
 @FUZZ
 @given(frames=FRAMES)
 def test_fuzzed_client_frames(stack: Stack, frames: list[str]) -> None:
-    baseline = stack.on_server(stack.snapshot())
+    baseline = stack.on_server(stack.at_rest())
+    assert baseline == stack.rest
 
     async def run() -> None:
         bystander, first = await control_turn(stack)
@@ -309,7 +310,8 @@ def test_fuzzed_upstream_sse(stack: Stack, stream: tuple[bytes, list[bytes]]) ->
     stack.script.chunks = chunks
     decoder = SSEDecoder(1 << 20)
     relayed = frozenset(ev.data.strip() for ev in [*decoder.feed(data), *decoder.feed(b"\n\n")])
-    baseline = stack.on_server(stack.snapshot())
+    baseline = stack.on_server(stack.at_rest())
+    assert baseline == stack.rest
 
     async def run() -> None:
         bystander, first = await control_turn(stack)
