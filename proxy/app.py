@@ -29,7 +29,8 @@ from .http_front.compact import compact_response
 from .http_front.responses import create_response
 from .http_front.stored import delete_response, get_response, input_items
 from .ops.middleware import OPS, install
-from .ops.shared_store import LocalStore, RedisStore, store_status
+from .ops.redis_store import RedisStore
+from .ops.stores import LocalStore, store_status
 from .runtime import APP_STATE, AppState
 from .sim.app import create_sim_app
 from .upstream.client import UpstreamClient
@@ -81,7 +82,7 @@ async def _healthz(request: web.Request) -> web.Response:
     """Liveness: 200 unless draining; `ready` says what /readyz would."""
     state = request.app[APP_STATE]
     draining = request.app[OPS].draining
-    store = await store_status(state.responses)
+    store = await store_status(state.store)
     doc: dict[str, Any] = {
         "status": "draining" if draining else "ok",
         "ready": not draining and not _not_ready(state, store),
@@ -110,7 +111,7 @@ async def _readyz(request: web.Request) -> web.Response:
     """Readiness: 200 while at least one upstream replica is healthy and not ejected, and
     the server is not draining; else 503 with the reasons."""
     state = request.app[APP_STATE]
-    store = await store_status(state.responses)
+    store = await store_status(state.store)
     reasons = _not_ready(state, store)
     if request.app[OPS].draining:
         reasons.append("the server is draining")
@@ -147,11 +148,11 @@ def create_app(settings: Settings) -> web.Application:
     ops = install(app, settings, core.cache_budget, app[APP_STATE].pool)
     ops.metrics.add_state(app[APP_STATE].pool.families)
     st = settings.store
-    if core.store is not None:
-        app[APP_STATE].responses = LocalStore(core.store)
+    if core.local_store is not None:
+        app[APP_STATE].store = LocalStore(core.local_store)
     elif st.enabled:  # backend = "redis": its client is made once the loop runs (_store)
         store = RedisStore(st.redis_url, st.redis_timeout, st.ttl_seconds, ops.metrics)
-        app[APP_STATE].responses = store
+        app[APP_STATE].store = store
         app.cleanup_ctx.append(functools.partial(_store, store))
     console.install(app, ops)  # GET /console, when the console is on (console/routes.py)
     app.router.add_get("/healthz", _healthz)

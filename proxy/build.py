@@ -1,8 +1,9 @@
 """Settings in, the core's objects out: the one place the app's parts are put together.
 
 Pure: nothing here opens a socket, starts a task or reads a clock's value; the fronts and
-`app.py` do that with what this returns. `Core.session()` is the one way a front makes a
-`Session`, so the WebSocket connection and the HTTP exchange run the same rules.
+`app.py` do that with what this returns. `Core.socket_session()` and `Core.http_session()`
+are the one way a front makes a `Session`, so the WebSocket connection and the HTTP exchange
+run the same rules.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .core.ids import new_id
 from .core.memory import MemoryBudget
 from .core.policy import SessionLimits, UpstreamPolicy
 from .core.session import Session
-from .core.store import MemoryStore, ResponseStore
+from .core.store import MemoryStore
 
 log = logging.getLogger("wsmode.compaction")
 
@@ -38,23 +39,24 @@ class Core:
     policy: UpstreamPolicy
     limits: SessionLimits
     cache_budget: CacheBudget
-    store: ResponseStore | None  # the in-process store; None when off or remote
+    local_store: MemoryStore | None  # the in-process response store; None when off or Redis
     memory: MemoryBudget  # the process budget over caches, store, queued creates, outbound
     context: ContextManager | None  # compaction and context windows; None when switched off
     guards: Guards | None = None  # checks of each turn's new input ([guards])
 
-    def session(
-        self, owner: str, max_entries: int | None = None, chain_key: str | None = None
-    ) -> Session:
-        """A session for one connection, or for one HTTP request with `max_entries=0`: a
-        request's state is gone when its response ends (a stored response lives in the
-        store), so it never takes a place in the process-wide cache. `chain_key`: the key
-        of a new chain that names none (a WebSocket connection's id: core/routing.py)."""
-        c = self.settings.cache
+    def socket_session(self, owner: str, connection_id: str) -> Session:
+        """A session for one WebSocket connection: a new chain that names no key goes where
+        the connection's others go (core/routing.py)."""
+        return self._session(owner, self.settings.cache.connection_max_entries, connection_id)
+
+    def http_session(self, owner: str) -> Session:
+        """A session for one HTTP request: its state is gone when its response ends (a stored
+        response lives in the store), so it never takes a place in the process-wide cache."""
+        return self._session(owner, 0, None)
+
+    def _session(self, owner: str, max_entries: int, chain_key: str | None) -> Session:
         cache = ResponseCache(
-            self.cache_budget,
-            c.connection_max_entries if max_entries is None else max_entries,
-            c.connection_max_bytes,
+            self.cache_budget, max_entries, self.settings.cache.connection_max_bytes
         )
         return Session(
             cache=cache,
@@ -62,13 +64,13 @@ class Core:
             limits=self.limits,
             clock=time.time,
             new_id=new_id,
-            store=self.store,
             owner=owner,
             context=self.context,
             guards=self.guards,
             memory=self.memory,
             chain_key=chain_key,
-            remote_store=self.settings.store.enabled and self.store is None,
+            stores=self.settings.store.enabled,
+            max_event_bytes=self.settings.upstream.max_event_bytes,
         )
 
 
@@ -88,7 +90,7 @@ def build_core(settings: Settings) -> Core:
         ),
         limits=settings.limits,
         cache_budget=cache_budget,
-        store=(
+        local_store=(
             MemoryStore(st.max_entries, st.max_bytes, st.ttl_seconds, time.time, memory)
             if st.enabled and st.backend == "memory"
             else None  # off, or remote: the fronts hold the Redis client (docs/store.md)

@@ -13,11 +13,11 @@ from .config import Settings
 from .core.context.manager import ContextManager
 from .core.conversation import CacheBudget
 from .core.policy import UpstreamPolicy
-from .core.store import AsyncStore, ResponseStore
+from .core.store import AsyncStore
 from .upstream.client import FORWARDED_HEADERS, UpstreamClient
 from .upstream.moderation import Moderator
 from .upstream.pool import UpstreamPool
-from .upstream.runner import Channel
+from .upstream.runner import Runner
 from .upstream.tokenizer import TokenizeWorker
 
 
@@ -31,15 +31,15 @@ class AppState:
     tokenizer: TokenizeWorker | None = None  # exact token counts, in the background
     moderator: Moderator | None = None  # the input guards' moderation hook ([guards])
     client_bytes_received: int = 0  # WebSocket text bytes from clients, all connections
-    # the store as the fronts call it, in-process or Redis (proxy/ops/shared_store.py)
-    responses: AsyncStore | None = None
+    # the response store, in-process or Redis (proxy/ops/stores.py, proxy/ops/redis_store.py)
+    store: AsyncStore | None = None
 
-    def channel(self, client_headers: Mapping[str, str], label: str) -> Channel:
+    def runner(self, client_headers: Mapping[str, str], label: str) -> Runner:
         """Where the upstream requests made for one client go: the client's headers that are
         forwarded (FORWARDED_HEADERS), and `label` to name the client in log lines."""
         headers = {k: v for k, v in client_headers.items() if k.lower() in FORWARDED_HEADERS}
         max_event = self.settings.upstream.max_event_bytes
-        return Channel(self.pool, headers, max_event, label, self.moderator)
+        return Runner(self.pool, headers, max_event, label, self.moderator)
 
     # the core's parts the fronts read most, by their short names
     @property
@@ -53,10 +53,6 @@ class AppState:
     @property
     def cache_budget(self) -> CacheBudget:
         return self.core.cache_budget
-
-    @property
-    def store(self) -> ResponseStore | None:
-        return self.core.store
 
     @property
     def context(self) -> ContextManager | None:

@@ -29,9 +29,9 @@ import orjson
 from ..core.actions import StartUpstream
 from ..core.conversation import CacheBudget, CachedResponse, ResponseCache, Segment
 from ..core.dialects.responses import ResponsesDialect
+from ..core.events import ClientMessage, UpstreamChunk
 from ..core.policy import UpstreamPolicy
 from ..core.session import Session
-from ..core.sse import SSEEvent
 from ..core.store import MemoryStore, StoredResponse
 from ..upstream.client import request_body
 from . import call_check
@@ -276,7 +276,9 @@ def build_body(sizes: list[int], samples: int, rounds: int = 1) -> list[dict[str
         copies: list[float] = []
         for i in range(samples + WARMUP):
             t0 = time.perf_counter()
-            start = next(a for a in session.client_message(frame) if isinstance(a, StartUpstream))
+            start = next(
+                a for a in session.handle(ClientMessage(frame)) if isinstance(a, StartUpstream)
+            )
             body = request_body(start.body)
             t1 = time.perf_counter()
             copy = bytearray(body)
@@ -301,7 +303,7 @@ def build_body(sizes: list[int], samples: int, rounds: int = 1) -> list[dict[str
 
 
 def _complete(session: Session, frame: bytes, rid: str) -> str:
-    start = next(a for a in session.client_message(frame) if isinstance(a, StartUpstream))
+    start = next(a for a in session.handle(ClientMessage(frame)) if isinstance(a, StartUpstream))
     _finish(session, start.run_id, rid)
     return rid
 
@@ -310,4 +312,5 @@ def _finish(session: Session, run_id: int, rid: str) -> None:
     resp = {"id": rid, "object": "response", "status": "completed", "output": []}
     for kind in ("response.created", "response.completed"):
         ev = {"type": kind, "sequence_number": 0, "response": resp}
-        session.upstream_event(run_id, SSEEvent(kind, orjson.dumps(ev)))
+        data = b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(ev) + b"\n\n"
+        session.handle(UpstreamChunk(run_id, data))

@@ -41,7 +41,7 @@ def memory(state: AppState) -> dict[str, Any]:
     """The cache, the store and the process memory budget, each against its bounds."""
     budget = state.cache_budget
     settings = state.settings.store
-    store = state.store
+    store = state.core.local_store
     shown: dict[str, Any]
     if store is None:
         # Redis (store.backend = "redis") holds it elsewhere: its occupancy is not known here

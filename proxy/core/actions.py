@@ -1,9 +1,13 @@
 """Every action the sans-I/O core returns, in one module.
 
-The core (`Session`, and the `ContextManager` through it) never does I/O: each input returns
-a list of these, and an adapter (the WebSocket connection, the HTTP exchange) executes them in
-order. Every executor ends in an exhaustive `match` over `Action`, so a new action that some
-adapter forgets is a type error, not a silently dropped step.
+The core (`Session`, and the `ContextManager` through it) never does I/O: each event it is
+handed (proxy/core/events.py) returns a list of these, and the one executor
+(proxy/fronts/executor.py) carries them out in order, with each front's hooks. The executor
+ends in an exhaustive `match` over `Action`, so a new action it forgets is a type error, not a
+silently dropped step. Actions that ask for something the core cannot do itself
+(`LoadStored`, `SaveStored`, `Summarise`) are answered by an event that names them
+(`StoredLoaded`, `StoredSaved`, `SummaryDone`); observers (metrics, usage, the console) read
+`RunCreated` and `Finished`, never frames.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .context.manager import TokenJob
+    from .errors import ProxyError
     from .store import StoredResponse
 
 
@@ -33,7 +38,15 @@ class Outcome(enum.StrEnum):
 
 @dataclass(slots=True)  # not frozen: one is made per event, and frozen init costs twice
 class Send:
-    frame: bytes  # one JSON object, sent as one text frame
+    """One event for the client: `frame` is its JSON, sent as one WebSocket text frame or
+    one SSE event. What an HTTP answer needs of it is typed beside it, never parsed back:
+    `error` (and its `seq`), the failure an `error` event renders; `final`, a run's terminal
+    response object, on its terminal event."""
+
+    frame: bytes
+    error: ProxyError | None = None
+    seq: int | None = None
+    final: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +68,7 @@ class Route:
     """Where a run's request should go, for the upstream pool to decide (upstream/pool.py):
     the replica that served the run's parent (None: a new chain, or one never served), and
     the key of the run's chain (core/routing.py), which also goes upstream as its session
-    key. The adapter tells the session which replica it chose (`Session.routed`)."""
+    key. The runner reports the replica it chose (`Routed`)."""
 
     replica: str | None
     chain: str
@@ -67,7 +80,7 @@ class StartUpstream:
     body: list[bytes]  # pieces of the JSON body, concatenated by the adapter
     path: str  # appended to the upstream base URL
     # the new input's text, to moderate before the request goes out (core/guards.py); the
-    # runner answers a refusal with `Session.input_refused`
+    # runner reports a refusal (`InputRefused`) instead of making the request
     moderate: tuple[str, ...] | None = None
     route: Route | None = None  # where the request should go (upstream/pool.py)
 
@@ -88,7 +101,8 @@ class Close:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """A run ended; for logs, metrics and usage accounting."""
+    """A run ended: everything logs, metrics, usage records and the console need of it, so
+    that no observer reads frames back."""
 
     run_id: int
     response_id: str | None
@@ -101,13 +115,18 @@ class Finished:
     cached_tokens: int | None = None  # prompt tokens the upstream reported served from its cache
     # the items the response ended with (the console shows the count; not part of equality)
     output_items: int = field(default=0, compare=False)
+    model: str | None = field(default=None, compare=False)  # the response's, else the request's
+    # a failed or rejected run: the error the client got (its status, code and message)
+    error: ProxyError | None = field(default=None, compare=False)
+    # the final response object (None when the run never had one: refused before it began)
+    response: dict[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
 class LoadStored:
-    """Read the stored response `response_id` of `owner` from a remote store (Redis), then
-    hand the answer to `Session.stored_loaded` (found, not found, or the store unavailable).
-    The run waits in LOADING meanwhile (proxy/core/runs.py)."""
+    """Read the stored response `response_id` of `owner` from the response store (in this
+    process, or Redis), then answer with `StoredLoaded` (found, not found, or the store
+    unavailable). The run waits in LOADING meanwhile (proxy/core/runs.py)."""
 
     run_id: int
     response_id: str
@@ -116,9 +135,11 @@ class LoadStored:
 
 @dataclass(frozen=True, slots=True)
 class SaveStored:
-    """Write a finished response to a remote store before the next action (its terminal
-    event) is executed, so that a client continuing elsewhere right after it finds it. The
-    write is bounded by the store's timeout; a failed write is dropped and counted."""
+    """Write a finished response to the response store, then answer with `StoredSaved`. The
+    run waits in SAVING meanwhile and its terminal event goes out after the answer, so that a
+    client continuing elsewhere right after it finds it. The write is bounded by the store's
+    timeout; a failed write is dropped and counted; an id already stored is never
+    overwritten."""
 
     run_id: int
     stored: StoredResponse
@@ -134,8 +155,8 @@ class CountTokens:
 
 @dataclass(frozen=True, slots=True)
 class Summarise:
-    """Send this summarising request upstream and feed the outcome back
-    (`Session.summary_done` / `Session.summary_failed`). Nothing of it reaches the client."""
+    """Send this summarising request upstream and answer with `SummaryDone` or
+    `SummaryFailed`. Nothing of it reaches the client."""
 
     run_id: int
     body: list[bytes]

@@ -11,7 +11,9 @@ The caller feeds every event as it arrives: `event(kind, data)` with the JSON by
 `type` it has already read (`wire.event_type`). Only `error` events and, without `stream`,
 terminal events are parsed; every other event is looked at by its type alone, so the deltas
 that make up most of a stream cost one bytes join. A caller that has parsed the event anyway
-passes it (`ev`) and nothing is parsed twice. A failure the caller detects itself (a socket
+passes it (`ev`) and nothing is parsed twice. The HTTP front, whose events come from its own
+session, passes what they mean typed (`sent`: the `ProxyError` of an error, the response
+object of a terminal event) and nothing is parsed at all. A failure the caller detects itself (a socket
 that closed, a silence) goes in through `fail`. What comes back is a `Write`: SSE bytes,
 `start` set on the first, when the adapter starts the 200 event stream. At the end `final()`
 is the whole answer (`Reply`) unless an event stream was started.
@@ -56,6 +58,7 @@ from typing import Any
 
 from . import wire
 from .api_objects import TERMINAL_TYPES
+from .errors import ProxyError
 
 STATUS_OF_CODE: Mapping[str, int] = MappingProxyType(
     {
@@ -242,6 +245,27 @@ class HttpAnswer:
         start, self.started = not self.started, True
         return Write(sse(kind, data), start)
 
+    def sent(
+        self,
+        kind: str,
+        data: bytes,
+        *,
+        error: ProxyError | None = None,
+        seq: int | None = None,
+        final: dict[str, Any] | None = None,
+    ) -> Write | None:
+        """One event of the proxy's own session, with what it means typed beside it: the
+        failure an `error` event renders (`error`, numbered `seq`), or the response object of
+        a terminal event (`final`)."""
+        if error is not None:
+            return self.error(error.event(sequence_number=seq))
+        if final is not None and self.outcome is None:
+            self._decide(kind, final)
+        if not self.stream or self._reply is not None:
+            return None
+        start, self.started = not self.started, True
+        return Write(sse(kind, data), start)
+
     def error(self, ev: dict[str, Any], fallback_seq: int | None = None) -> Write | None:
         """An `error` event; `fallback_seq` numbers the SSE error when the event has no
         `sequence_number` of its own."""
@@ -280,12 +304,19 @@ class HttpAnswer:
         return self._reply
 
     def _terminal(self, kind: str, data: bytes, ev: dict[str, Any] | None) -> None:
-        outcome = self.outcome = kind.removeprefix("response.")
         if self.stream:
+            self.outcome = kind.removeprefix("response.")
             return  # the event itself is the answer's end
         resp = (wire.loads(data) if ev is None else ev).get("response")
         if not isinstance(resp, dict):
             raise ValueError(f"the {kind} event has no response object")
+        self._decide(kind, resp)
+
+    def _decide(self, kind: str, resp: dict[str, Any]) -> None:
+        """A terminal event decides the answer: its response object, or its failure."""
+        outcome = self.outcome = kind.removeprefix("response.")
+        if self.stream:
+            return
         if outcome != "failed":
             self._reply = Reply(200, wire.dumps(resp))
             return

@@ -114,14 +114,15 @@ def kept_items(items: list[Any]) -> tuple[bytes, ...]:
         raise too_deep("input") from None
 
 
-def parse_create(body: dict[str, Any]) -> CreateRequest:
-    """Validate a `response.create` (already known to be a JSON object of that type)."""
+def parse_create(body: dict[str, Any], *, socket: bool = True) -> CreateRequest:
+    """Validate a `response.create` message (`socket`), or the body of a plain HTTP
+    `POST /v1/responses`, where `stream_id` means nothing and is ignored."""
     for name, (types, expected) in _TYPES.items():
         if name in body and not isinstance(body[name], types):
             raise wrong_type(name, expected)
         if name in body and isinstance(body[name], bool) and bool not in types:
             raise wrong_type(name, expected)  # True is an int in Python, not in JSON
-    lane = check_stream_id(body.get("stream_id"))
+    lane = check_stream_id(body.get("stream_id")) if socket else None
     if body.get("background"):
         raise invalid(
             "'background' is not supported in WebSocket mode; send the request over HTTP.",

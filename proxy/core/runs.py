@@ -14,32 +14,44 @@ never be streamed into, failed or finished a second time.
        |    +--> COMPACTING --summary_done--> UPSTREAM    +-------------------> DONE
        +--warmup / not found / rejected / client gone -------------------> DONE
 
-    QUEUED --start--> LOADING --stored_loaded--> UPSTREAM, COMPACTING, or DONE
+    QUEUED --start--> LOADING --StoredLoaded--> UPSTREAM, COMPACTING, or DONE
 
-LOADING: the parent is not in the connection's cache and the store is remote (Redis): the
-adapter reads it (`LoadStored`) while the run holds its lane and slot, and hands the answer
-back (`Session.stored_loaded`: found, not found, or the store unavailable, which end it).
+    QUEUED (a warmup), COMPACTING (a compaction trigger's item), STREAMING (a terminal
+    event, a steer's boundary) --the response is to be stored--> SAVING --StoredSaved--> DONE
+
+LOADING: the parent is not in the connection's cache and there is a response store: the
+executor reads it (`LoadStored`) while the run holds its lane and slot, and hands the answer
+back (`StoredLoaded`: found, not found, or the store unavailable, which end it).
+
+SAVING: the response ended and is to be stored: the executor writes it (`SaveStored`), and
+only the answer (`StoredSaved`) releases the rest of the ending the run holds (`Run.after_save`:
+its terminal event, its `Finished`), so that a client continuing elsewhere right after the
+terminal event finds the response. An id the store holds already fails the run instead.
 
 Every edge into DONE is taken by the session's single end (`Session._end`), which also
 settles the run's steers and reports the run's `Outcome` (proxy/core/actions.py).
+
+A run also holds what reads its upstream events: the SSE decoder its raw chunks go through
+(`Run.decoder`) and the dialect's translator behind it (`Run.stream`).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import wire
 from .conversation import CachedResponse
 from .dialects import StreamTranslator
 from .errors import ClientError
 from .request import CreateRequest
+from .sse import SSEDecoder
 
 if TYPE_CHECKING:
+    from .actions import Action
     from .context.manager import Prepared
-    from .steering import Steer
 
 
 _STREAM_ID_KEY = b'"stream_id"'
@@ -51,16 +63,18 @@ class RunState(enum.Enum):
     COMPACTING = "compacting"  # the summarising request of a compaction is running
     UPSTREAM = "upstream"  # request sent, no event yet
     STREAMING = "streaming"  # the upstream's events are arriving
+    SAVING = "saving"  # ended; its write to the response store is awaited (SaveStored)
     DONE = "done"
 
 
 _S = RunState
 TRANSITIONS: dict[RunState, frozenset[RunState]] = {
-    _S.QUEUED: frozenset({_S.LOADING, _S.COMPACTING, _S.UPSTREAM, _S.DONE}),
-    _S.LOADING: frozenset({_S.COMPACTING, _S.UPSTREAM, _S.DONE}),
-    _S.COMPACTING: frozenset({_S.UPSTREAM, _S.DONE}),
+    _S.QUEUED: frozenset({_S.LOADING, _S.COMPACTING, _S.UPSTREAM, _S.SAVING, _S.DONE}),
+    _S.LOADING: frozenset({_S.COMPACTING, _S.UPSTREAM, _S.SAVING, _S.DONE}),
+    _S.COMPACTING: frozenset({_S.UPSTREAM, _S.SAVING, _S.DONE}),
     _S.UPSTREAM: frozenset({_S.UPSTREAM, _S.STREAMING, _S.DONE}),
-    _S.STREAMING: frozenset({_S.DONE}),
+    _S.STREAMING: frozenset({_S.SAVING, _S.DONE}),
+    _S.SAVING: frozenset({_S.DONE}),
     _S.DONE: frozenset(),
 }
 
@@ -73,6 +87,24 @@ class IllegalTransition(RuntimeError):
         self.run_id = run_id
         self.old = old
         self.new = new
+
+
+@dataclass(frozen=True, slots=True)
+class SteerRequest:
+    """A validated `response.steer` (core/steering.py)."""
+
+    target: str  # the response being steered
+    items: tuple[bytes, ...]  # the input as user message items, serialised once
+    raw_input: Any  # as the client sent it, echoed by response.steer.failed
+
+
+@dataclass(eq=False)
+class Steer:
+    """One accepted steer (core/steering.py): its id, its input, and its lane."""
+
+    id: str
+    request: SteerRequest
+    lane: str | None
 
 
 @dataclass(eq=False)
@@ -92,6 +124,9 @@ class Run:
     seq_offset: int = 0  # events the proxy inserted into this response's stream
     context: Prepared | None = None  # the prepared upstream input (ContextManager)
     response_id: str | None = None  # the upstream's id for it, once seen and found unused
+    decoder: SSEDecoder | None = None  # its upstream's event stream, set with `stream`
+    # SAVING: the rest of its ending, released by the store's answer (the theory above)
+    after_save: Callable[[], list[Action]] | None = None
 
     def move(self, new: RunState) -> None:
         """The one way a run changes state (called once per change, never per event)."""
@@ -159,6 +194,8 @@ __all__ = [
     "IllegalTransition",
     "Run",
     "RunState",
+    "Steer",
+    "SteerRequest",
     "cancel_target",
     "streaming",
 ]

@@ -22,14 +22,14 @@ the upstream's later sequence numbers by one (`Run.seq_offset`, applied by `Run.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from . import wire
 from .actions import Action, Send
 from .conversation import ResponseCache
 from .request import parse_create
-from .runs import Run
+from .runs import Run, Steer, SteerRequest
 
 ALLOWED_FIELDS = frozenset({"type", "previous_response_id", "input"})
 _PART_TYPES = frozenset({"input_text", "input_image", "input_file"})
@@ -40,20 +40,6 @@ class SteerRejected(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-@dataclass(frozen=True, slots=True)
-class SteerRequest:
-    target: str  # the response being steered
-    items: tuple[bytes, ...]  # the input as user message items, serialised once
-    raw_input: Any  # as the client sent it, echoed by response.steer.failed
-
-
-@dataclass(eq=False)
-class Steer:
-    id: str
-    request: SteerRequest
-    lane: str | None
 
 
 def parse_steer(msg: dict[str, Any]) -> SteerRequest:

@@ -13,15 +13,17 @@ same shared-segment accounting as the connection cache) and entries expire after
 A put and an expiry cost O(1) amortised at any size: the cache tells the store each key it
 lets go (`on_evict`), so nothing is ever scanned.
 
-`ResponseStore` is the interface of an in-process store, which the session calls directly;
-`MemoryStore` is the one there is. A store in another process (Redis: proxy/ops/shared_store.py,
-docs/store.md) cannot be called from the sans-I/O core: the session then asks for it with
-actions (`LoadStored`, `SaveStored`, proxy/core/actions.py) that the fronts execute through
-the `AsyncStore` interface below, and hands the answer back (`Session.stored_loaded`).
+The session never calls a store, in this process or not: it asks with actions (`LoadStored`,
+`SaveStored`, proxy/core/actions.py) that the executor carries out through the one `AsyncStore`
+interface below, and the answers come back as events (`StoredLoaded`, `StoredSaved`). The
+in-process store is `MemoryStore` behind that interface (proxy/ops/stores.py); the store shared
+by replicas is Redis (proxy/ops/redis_store.py, docs/store.md). Both refuse to overwrite an id
+they hold, so an upstream that reuses ids never makes one conversation replace another.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
@@ -56,8 +58,17 @@ class StoreUnavailable(Exception):
     """A remote store did not answer in time, or answered with an error."""
 
 
+class WriteResult(enum.StrEnum):
+    """What became of a write (`SaveStored`)."""
+
+    STORED = "stored"
+    EXISTS = "exists"  # the id is stored already: never overwritten
+    DROPPED = "dropped"  # the store could not take it (unavailable, or over its bounds)
+
+
 class AsyncStore(Protocol):
-    """The store as the fronts use it: in-process or remote, the same calls.
+    """The store as the executor and the HTTP routes use it: in-process or Redis, one set of
+    calls.
 
     `load` returns None for an id that is not stored for `owner` and raises
     `StoreUnavailable` when the store cannot answer; `save` never raises (a write that
@@ -67,19 +78,11 @@ class AsyncStore(Protocol):
 
     async def load(self, rid: str, owner: str) -> StoredResponse | None: ...
 
-    async def save(self, stored: StoredResponse, owner: str) -> None: ...
+    async def save(self, stored: StoredResponse, owner: str) -> WriteResult: ...
 
     async def delete(self, rid: str, owner: str) -> bool: ...
 
     async def reachable(self) -> bool: ...
-
-
-class ResponseStore(Protocol):
-    def get(self, rid: str, owner: str) -> StoredResponse | None: ...
-
-    def put(self, stored: StoredResponse, owner: str) -> bool: ...
-
-    def delete(self, rid: str, owner: str) -> bool: ...
 
 
 class MemoryStore:
@@ -121,17 +124,17 @@ class MemoryStore:
             return None
         return self._meta.get(key)
 
-    def put(self, stored: StoredResponse, owner: str) -> bool:
+    def put(self, stored: StoredResponse, owner: str) -> WriteResult:
         self._expire()
         key = self._key(stored.entry.id, owner)
+        if key in self._meta:
+            return WriteResult.EXISTS
         keyed = replace(stored.entry, id=key)  # its call index and all
-        self._expiry.pop(key, None)
         if not self._cache.put(keyed):
-            self._meta.pop(key, None)
-            return False
+            return WriteResult.DROPPED
         self._meta[key] = stored
         self._expiry[key] = self._clock() + self._ttl
-        return True
+        return WriteResult.STORED
 
     def delete(self, rid: str, owner: str) -> bool:
         key = self._key(rid, owner)

@@ -13,6 +13,7 @@ stored. With `compaction.enabled = false` the request goes to the upstream as it
 
 from __future__ import annotations
 
+import logging
 import time
 
 from aiohttp import web
@@ -30,8 +31,9 @@ from ..core.errors import (
 from ..core.ids import new_id
 from ..core.store import StoreUnavailable, owner_of
 from ..runtime import APP_STATE
-from ..upstream.runner import compaction_log as log
 from . import passthrough
+
+log = logging.getLogger("wsmode.compaction")
 from .responses import error_response, json_object
 
 
@@ -47,7 +49,7 @@ async def compact_response(request: web.Request) -> web.StreamResponse:
         if req.previous_response_id is not None:
             rid = req.previous_response_id
             try:
-                stored = await state.responses.load(rid, owner) if state.responses else None
+                stored = await state.store.load(rid, owner) if state.store else None
             except StoreUnavailable:
                 raise stored_response_unavailable(rid) from None
             if stored is None:
@@ -56,7 +58,7 @@ async def compact_response(request: web.Request) -> web.StreamResponse:
         prep = context.plan_compact(parent, req, owner)
         if prep.cut is not None:
             dialect = state.policy.dialect
-            upstream = state.channel(request.headers, f"compaction for {request.remote}")
+            upstream = state.runner(request.headers, f"compaction for {request.remote}")
             more = True
             while more:  # one request per chunk of the older part (context.summary_action)
                 action = context.summary_action(0, prep, req.model, dialect, req.instructions)

@@ -1,11 +1,13 @@
 """Plain HTTP `POST /v1/responses` through the same core as WebSocket mode.
 
-A request runs as a one-shot `Session`, so HTTP clients get the same rebuilt requests,
-upstream error handling and response store: `previous_response_id` works against a stateless
-upstream when the parent was stored. What the client gets is built by
-`core.http_answer.HttpAnswer` from the session's events, as the sidecar builds its answers
-(docs/protocol.md "HTTP SSE"): Server-Sent Events for `stream: true`, otherwise the terminal
-response object; an error before the first event is an HTTP status and error body.
+A request runs as a one-shot `Session` (`Core.http_session`) that takes one `HttpCreate`, and
+its actions are carried out by the one executor (proxy/executor.py) through this front's hooks,
+so HTTP clients get the same rebuilt requests, upstream error handling and response store:
+`previous_response_id` works against a stateless upstream when the parent was stored. What the
+client gets is built by `core.http_answer.HttpAnswer` from the session's events and what they
+mean, typed (docs/protocol.md "HTTP SSE"): Server-Sent Events for `stream: true`, otherwise
+the terminal response object; an error before the first event is an HTTP status and error
+body.
 
 A client that leaves gets its handler cancelled by aiohttp (`app.HANDLER_CANCELLATION`) or
 its next write fails; either way the upstream request is closed at once and the middleware
@@ -18,36 +20,24 @@ batches of events and the response ends with `response.failed` and an `error` (5
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-from typing import Any, assert_never
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
 from ..core import wire
-from ..core.actions import (
-    Action,
-    CancelUpstream,
-    Close,
-    CountTokens,
-    Finished,
-    LoadStored,
-    RunCreated,
-    SaveStored,
-    Send,
-    StartUpstream,
-    Summarise,
-)
+from ..core.actions import Send
 from ..core.errors import ClientError, ProxyError
+from ..core.events import ClientGone, DrainOver, HttpCreate
 from ..core.http_answer import HttpAnswer
 from ..core.store import owner_of
+from ..executor import Executor
 from ..ops.bodies import read_body
 from ..ops.middleware import OPS, REQUEST_ID, TRACKED, client_left
 from ..ops.outbound import Outbound
-from ..ops.shared_store import load_parent
 from ..ops.tracking import RunTracker
 from ..runtime import APP_STATE, AppState
-from ..upstream.runner import Abandon
 
 log = logging.getLogger("wsmode.http")
 
@@ -64,14 +54,15 @@ class HttpExchange:
     def __init__(self, state: AppState, request: web.Request, stream: bool) -> None:
         self.state = state
         self.request = request
-        self.session = state.core.session(owner_of(request.headers.get("Authorization")), 0)
+        self.session = state.core.http_session(owner_of(request.headers.get("Authorization")))
         label = f"http {request.remote}"  # who the log lines are about
         self.sse: web.StreamResponse | None = None
-        self.pending: list[StartUpstream | Summarise] = []
-        self.running: int | None = None  # the run whose upstream request is being read
+        # the run's upstream work, in order: its request, again after a native fallback or
+        # a summary, or its parent's read from the store
+        self.pending: list[tuple[int, Callable[[], Awaitable[None]]]] = []
         self.answer = HttpAnswer(stream)
         ops = request.app[OPS]
-        self.tracker = RunTracker(
+        tracker = RunTracker(
             ops.metrics,
             ops.usage,
             state.policy.dialect.name,
@@ -81,7 +72,8 @@ class HttpExchange:
             console=ops.console,
             source="http",
         )
-        self.upstream = state.channel(request.headers, label)
+        runner = state.runner(request.headers, label)
+        self.executor = Executor(self.session, self, runner, tracker, state.store, state.tokenizer)
         # the drain's cut (begin_drain): `cut` once asked for; `cuttable` while the handler
         # waits on the upstream, not in the middle of writing a batch of events
         self.task = asyncio.current_task()
@@ -104,30 +96,26 @@ class HttpExchange:
     async def _run(self, body: dict[str, Any], nbytes: int) -> web.StreamResponse:
         try:
             try:
-                call = functools.partial(self.session.create, body)
-                await self._execute_batch(self.tracker.feed(call, nbytes))
-                # one upstream request; twice on a native fallback or after a summary
+                await self.executor.client(HttpCreate(body, nbytes), nbytes)
                 while self.pending and not self.cut:
-                    start = self.pending.pop(0)
-                    self.running = start.run_id
-                    trace = self.tracker.start(start) if isinstance(start, StartUpstream) else None
+                    _, work = self.pending.pop(0)
                     self.cuttable = True
                     try:
-                        await self.upstream.run(self.session, start, self._execute_batch, trace)
+                        await work()
                     finally:
                         self.cuttable = False
             except asyncio.CancelledError:
                 if not self.cut or client_left(self.request) or self.task is None:
                     raise  # the client left (or the server is stopping)
                 self.task.uncancel()  # our own cut: the upstream request is closed
-            except Abandon:
-                pass  # a cut came while a batch was written: it took effect after it
             if self.cut:
-                self.running = None
-                await self.execute(self.session.drain_over())
+                await self.executor.handle(DrainOver())
         except (ConnectionError, asyncio.CancelledError):
-            self.session.client_gone()  # the client left; leaving the runner closed upstream
+            self.session.handle(ClientGone())  # leaving the runner closed the upstream request
             raise
+        finally:
+            if self.executor.responses:
+                self.request[TRACKED] = True
         if self.sse is not None:
             await self.sse.write_eof()
             return self.sse
@@ -159,59 +147,33 @@ class HttpExchange:
         if self.cuttable and self.task is not None:
             self.task.cancel()  # leaves the upstream stream, which closes its request
 
-    async def _execute_batch(self, actions: list[Action]) -> None:
-        """`execute` for the runner: a batch is written whole; a cut that came meanwhile
-        takes effect after it (Abandon makes the runner leave the stream)."""
+    # ---- the executor's hooks (proxy/executor.py)
+
+    def start(self, run_id: int, work: Callable[[], Awaitable[None]]) -> None:
+        self.pending.append((run_id, work))  # run in order by the handler itself
+
+    def cancel(self, run_id: int) -> None:
+        self.pending = [p for p in self.pending if p[0] != run_id]
+
+    async def close(self, code: int, reason: str) -> None:
+        # only a connection's lifetime ends in Close; an exchange has none
+        raise RuntimeError("a one-shot HTTP session asked to close a connection")
+
+    def leaving(self) -> bool:
+        return self.cut  # a cut that came while a batch was written takes effect after it
+
+    async def send(self, sends: list[Send], run_id: int | None) -> None:
+        """A batch is written whole: a cut that comes meanwhile waits for its end."""
         was, self.cuttable = self.cuttable, False
         try:
-            await self.execute(actions)
+            for send in sends:
+                await self._frame(send)
         finally:
             self.cuttable = was
-        if self.cut:
-            raise Abandon
 
-    async def execute(self, actions: list[Action]) -> None:
-        """Execute the session's actions in order."""
-        frames: list[bytes] = []
-        abandon = False
-        for action in actions:
-            match action:
-                case Send():
-                    frames.append(action.frame)
-                    await self._frame(action.frame)
-                case StartUpstream() | Summarise():
-                    self.pending.append(action)
-                case CountTokens():
-                    if self.state.tokenizer is not None:
-                        self.state.tokenizer.submit(action.jobs, self.upstream.headers)
-                case RunCreated():
-                    self.tracker.created(action)
-                case Finished():
-                    self.tracker.finished(action, frames[-2:])
-                    self.request[TRACKED] = True
-                    frames = []
-                case CancelUpstream():
-                    # the request's only run: send nothing more for it, and stop reading its
-                    # upstream stream (the runner leaves it once this batch is executed)
-                    self.pending = [p for p in self.pending if p.run_id != action.run_id]
-                    abandon = abandon or action.run_id == self.running
-                case Close():
-                    # only a connection's lifetime ends in Close; an exchange has none
-                    raise RuntimeError("a one-shot HTTP session asked to close a connection")
-                case LoadStored():
-                    await self.execute(
-                        await load_parent(self.state.responses, self.session, action)
-                    )
-                case SaveStored():  # before the terminal event, as over WebSocket
-                    assert self.state.responses is not None
-                    await self.state.responses.save(action.stored, action.owner)
-                case _:
-                    assert_never(action)
-        if abandon:
-            raise Abandon
-
-    async def _frame(self, frame: bytes) -> None:
-        write = self.answer.event(wire.event_type(frame) or "message", frame)
+    async def _frame(self, send: Send) -> None:
+        kind = wire.event_type(send.frame) or "message"
+        write = self.answer.sent(kind, send.frame, error=send.error, seq=send.seq, final=send.final)
         if write is None:
             return
         if write.start:
@@ -272,5 +234,4 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         )
     body.pop("stream_id", None)  # a WebSocket-only field: lanes mean nothing over HTTP
     stream = body.get("stream") is True
-    body["type"] = "response.create"
     return await HttpExchange(state, request, stream).run(body, len(raw))

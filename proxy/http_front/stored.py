@@ -1,5 +1,5 @@
 """`GET`/`DELETE /v1/responses/{id}` and `GET /v1/responses/{id}/input_items`, served from
-the response store (in-process or Redis: proxy/ops/shared_store.py) and scoped to the
+the response store (in-process or Redis: proxy/ops/redis_store.py) and scoped to the
 caller's credential. When the shared store cannot answer in time they answer 503
 `store_unavailable` (the response may exist: a 404 would say it does not)."""
 
@@ -37,7 +37,7 @@ def _unavailable() -> web.Response:
 
 async def _stored(request: web.Request) -> StoredResponse | None:
     """The stored response the route names; raises StoreUnavailable."""
-    store = request.app[APP_STATE].responses
+    store = request.app[APP_STATE].store
     if store is None:
         return None
     return await store.load(request.match_info["response_id"], _owner(request))
@@ -65,7 +65,7 @@ async def get_response(request: web.Request) -> web.StreamResponse:
 
 
 async def delete_response(request: web.Request) -> web.StreamResponse:
-    store = request.app[APP_STATE].responses
+    store = request.app[APP_STATE].store
     rid = request.match_info["response_id"]
     try:
         deleted = store is not None and await store.delete(rid, _owner(request))

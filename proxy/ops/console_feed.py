@@ -143,33 +143,6 @@ def _error_object(body: bytes) -> dict[str, Any] | None:
     return err if isinstance(err, dict) else None
 
 
-def failure(frames: Iterable[bytes]) -> tuple[int | None, str | None, str | None] | None:
-    """(status, code, message) of the error a failed turn ended with: its `error` event,
-    else the error of its `response.failed`. Read only for failed and rejected turns."""
-    found: tuple[int | None, str | None, str | None] | None = None
-    for frame in frames:
-        try:
-            ev = wire.loads(frame)
-        except ValueError:
-            continue
-        if not isinstance(ev, dict):
-            continue
-        if ev.get("type") == "error" and isinstance(ev.get("error"), dict):
-            err = ev["error"]
-            status = ev.get("status")
-            return (
-                status if wire.is_int(status) else None,
-                _str(err.get("code")),
-                _str(err.get("message")),
-            )
-        response = ev.get("response")
-        if ev.get("type") == "response.failed" and isinstance(response, dict):
-            err = response.get("error")
-            if isinstance(err, dict):
-                found = (None, _str(err.get("code")), _str(err.get("message")))
-    return found
-
-
 def texts(items: Iterable[Any], limit: int = TEXT_LIMIT) -> str:
     """The readable text of Responses items (messages, tool calls and their outputs), at
     most `limit` characters: what `console.show_content` shows of a turn."""
@@ -200,17 +173,10 @@ def texts(items: Iterable[Any], limit: int = TEXT_LIMIT) -> str:
     return "\n".join(out)
 
 
-def output_texts(frames: Iterable[bytes]) -> str:
-    """The output text of a turn's terminal event (`response.completed` and the like)."""
-    for frame in reversed(list(frames)):
-        try:
-            ev = wire.loads(frame)
-        except ValueError:
-            continue
-        response = ev.get("response") if isinstance(ev, dict) else None
-        if isinstance(response, dict) and isinstance(response.get("output"), list):
-            return texts(response["output"])
-    return ""
+def output_texts(response: dict[str, Any] | None) -> str:
+    """The output text of a turn's final response object."""
+    output = response.get("output") if response else None
+    return texts(output) if isinstance(output, list) else ""
 
 
 def input_texts(items: Iterable[bytes]) -> str:

@@ -169,7 +169,7 @@ class Metrics:
             "Bugs: exceptions that escaped a handler or a connection.",
             registry=r,
         )
-        # the shared store (store.backend = "redis", proxy/ops/shared_store.py)
+        # the shared store (store.backend = "redis", proxy/ops/redis_store.py)
         self.store_requests = Counter(
             "wsmode_store_requests",
             "Round trips to the shared store, by operation (read, write, delete, ping) and "

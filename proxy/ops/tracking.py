@@ -1,12 +1,13 @@
 """Follows each response from its create to its `Finished` action, for metrics and usage.
 
-Adapters (the WebSocket connection, the HTTP exchange) own one `RunTracker` per session. The
-tracker learns of a run from the session's `RunCreated` action (with the size of the client
-message that created it, when a message did), the upstream request's size from
-`StartUpstream`, upstream timings from the pump, and its end from `Finished`. At the end it
-observes the histograms and hands a usage record to the background writer; building the
-record's JSON happens there, off the path of the next turn. With the console on, it also
-publishes one small event per turn to the console's feed (`console_feed.py`).
+Each front's executor (proxy/executor.py) owns one `RunTracker` per session and shows it the
+actions it executes: a run is learnt of from the session's `RunCreated` action (with the size
+of the client message that created it, when a message did), the upstream request's size from
+`StartUpstream`, upstream timings from the runner, and its end from `Finished`, which carries
+everything said of it (outcome, model, usage, error, final response). At the end it observes
+the histograms and hands a usage record to the background writer; building the record's JSON
+happens there, off the path of the next turn. With the console on, it also publishes one small
+event per turn to the console's feed (`console_feed.py`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.actions import Action, Finished, Outcome, RunCreated, StartUpstream
+from ..core.actions import Finished, Outcome, RunCreated, StartUpstream
 from ..core.errors import UpstreamError
 from ..core.wire import is_int
-from .console_feed import ConsoleFeed, failure, input_texts, output_texts
+from .console_feed import ConsoleFeed, input_texts, output_texts
 from .metrics import Metrics
 from .usage import PendingRecord, UsageSink
 
@@ -108,22 +109,15 @@ class RunTracker:
         self.console = console  # the console's feed, when the console is on
         self.source = source  # who the console says a turn came from (a connection id, "http")
 
-    def feed(self, call: Callable[[], list[Action]], nbytes: int) -> list[Action]:
-        """Run `call` (a client message of `nbytes` into the session) and trace every run
-        it created from the moment the message arrived."""
-        now = self.clock()
-        actions = call()
-        for a in actions:
-            if isinstance(a, RunCreated):
-                self.created(a, now, nbytes)
+    def message(self, nbytes: int) -> None:
+        """A client message of `nbytes` arrived."""
         self.metrics.client_bytes.inc(nbytes)
-        return actions
 
     def created(
         self, action: RunCreated, received: float | None = None, client_bytes: int = 0
     ) -> None:
-        """A run exists (executors call this for every `RunCreated`; a steer's successor
-        created by an upstream event has no client message of its own)."""
+        """A run exists (the executor shows every `RunCreated`, with the time its client
+        message arrived; a steer's successor, created by an upstream event, has none)."""
         if action.run_id not in self.traces:
             when = self.clock() if received is None else received
             self.traces[action.run_id] = RunTrace(
@@ -144,8 +138,8 @@ class RunTracker:
     def trace(self, run_id: int) -> RunTrace | None:
         return self.traces.get(run_id)
 
-    def finished(self, action: Finished, frames: list[bytes]) -> None:
-        """The run ended and `frames` (its last events) have been written to the client."""
+    def finished(self, action: Finished) -> None:
+        """The run ended, and its last events have been written to the client."""
         m = self.metrics
         outcome = action.outcome.value  # the label and record keep the plain strings
         m.responses.labels(outcome, self.dialect).inc()
@@ -166,8 +160,11 @@ class RunTracker:
             and not trace.error_counted
         ):
             # failed inside the stream: an upstream `error` or `response.failed` event, a
-            # stream that ended without a terminal event, or events that did not parse
-            m.upstream_errors.labels("stream").inc()
+            # stream that ended without a terminal event, an event past the size bound, or
+            # events that did not parse
+            code = action.error.code if action.error is not None else None
+            kind = "event_too_large" if code == "upstream_event_too_large" else "stream"
+            m.upstream_errors.labels(kind).inc()
         if trace is not None and trace.upstream_start is not None:
             up_first = (trace.upstream_first or now) - trace.upstream_start
             if trace.first_sent is not None:
@@ -181,9 +178,9 @@ class RunTracker:
             m.duration.labels("upstream").observe(up)
             m.duration.labels("proxy").observe(max(0.0, total - up))
         if self.console is not None:
-            self.console.publish(self._turn(action, trace, frames, now))
+            self.console.publish(self._turn(action, trace, now))
             if action.outcome in (Outcome.FAILED, Outcome.REJECTED):
-                self._failed(action, frames)
+                self._failed(action)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "%s response %s %s (run %d)",
@@ -202,8 +199,8 @@ class RunTracker:
                     response_id=action.response_id,
                     outcome=outcome,
                     usage=action.usage,
+                    model=action.model,
                     upstream=action.replica,
-                    frames=frames[-2:],
                     client_bytes=trace.client_bytes if trace else 0,
                     upstream_bytes=trace.upstream_bytes if trace else 0,
                     upstream_received=trace.upstream_received if trace else 0,
@@ -221,9 +218,7 @@ class RunTracker:
                 )
             )
 
-    def _turn(
-        self, action: Finished, trace: RunTrace | None, frames: list[bytes], now: float
-    ) -> dict[str, Any]:
+    def _turn(self, action: Finished, trace: RunTrace | None, now: float) -> dict[str, Any]:
         """The console's event for one finished turn: counts, sizes and timings; its text
         only with `console.show_content`."""
         assert self.console is not None
@@ -260,13 +255,15 @@ class RunTracker:
             }
         if self.console.show_content:
             event["input_text"] = input_texts(created.input) if created else ""
-            event["output_text"] = output_texts(frames)
+            event["output_text"] = output_texts(action.response)
         return event
 
-    def _failed(self, action: Finished, frames: list[bytes]) -> None:
+    def _failed(self, action: Finished) -> None:
         assert self.console is not None
-        found = failure(frames)
-        status, code, message = found if found is not None else (None, action.refused, None)
+        err = action.error
+        status, code, message = (
+            (err.status, err.code, err.message) if err is not None else (None, action.refused, None)
+        )
         where = f"{self.source} {action.response_id or f'run {action.run_id}'}"
         self.console.error(where, status, code, message)
 

@@ -34,7 +34,7 @@ class PendingRecord:
     response_id: str | None
     outcome: str
     usage: dict[str, Any] | None
-    frames: list[bytes]  # the run's last events, as sent: the model is read from them
+    model: str | None  # the response's model, else the request's
     client_bytes: int
     upstream_bytes: int
     upstream_received: int
@@ -44,21 +44,7 @@ class PendingRecord:
     upstream: str | None = None  # the replica that served it (upstream/pool.py)
 
 
-def _response_of(frames: list[bytes]) -> dict[str, Any]:
-    for frame in reversed(frames):
-        try:
-            ev = wire.loads(frame)
-        except (wire.JSONDecodeError, ValueError):
-            continue
-        resp = ev.get("response") if isinstance(ev, dict) else None
-        if isinstance(resp, dict):
-            return resp
-    return {}
-
-
 def render(rec: PendingRecord) -> dict[str, Any]:
-    resp = _response_of(rec.frames)
-    usage = rec.usage if rec.usage is not None else resp.get("usage")
 
     def ms(s: float | None) -> float | None:
         return None if s is None else round(s * 1000, 3)
@@ -72,8 +58,8 @@ def render(rec: PendingRecord) -> dict[str, Any]:
         "outcome": rec.outcome,
         "dialect": rec.dialect,
         "upstream": rec.upstream,
-        "model": resp.get("model") if isinstance(resp.get("model"), str) else None,
-        "usage": usage if isinstance(usage, dict) else None,
+        "model": rec.model,
+        "usage": rec.usage,
         "bytes": {
             "from_client": rec.client_bytes,
             "to_upstream": rec.upstream_bytes,

@@ -1,6 +1,6 @@
-"""The response store as the fronts use it (`AsyncStore`, proxy/core/store.py): in-process
-(`LocalStore`, over the core's `MemoryStore`) or shared by every replica and worker on Redis
-(`RedisStore`). docs/store.md is the user's account of the Redis one; this is how it works.
+"""The response store shared by every replica and worker, on Redis (`RedisStore`, one of the
+`AsyncStore`s of proxy/core/store.py; the in-process one is proxy/ops/stores.py). docs/store.md
+is the user's account of it; this is how it works.
 
 One Redis hash per stored response, `wsmode:{OWNER}:RESPONSE_ID` (OWNER: the credential's
 hash, core/store.py `owner_of`; another credential's key is another key, so it finds
@@ -44,10 +44,8 @@ from typing import Any, TypeVar
 from immutables import Map
 
 from ..core import wire
-from ..core.actions import Action, LoadStored
 from ..core.conversation import CachedResponse, Segment
-from ..core.session import Session
-from ..core.store import AsyncStore, ResponseStore, StoredResponse, StoreUnavailable
+from ..core.store import StoredResponse, StoreUnavailable, WriteResult
 from .metrics import Metrics
 
 log = logging.getLogger("wsmode.store")
@@ -163,28 +161,6 @@ def decode(rid: str, reply: Sequence[bytes]) -> StoredResponse | None:
 # ---------------------------------------------------------------- the two backends
 
 
-class LocalStore:
-    """The in-process store behind the `AsyncStore` calls (the session itself calls the
-    `MemoryStore` directly; the HTTP routes come through here)."""
-
-    backend = "memory"
-
-    def __init__(self, store: ResponseStore) -> None:
-        self.store = store
-
-    async def load(self, rid: str, owner: str) -> StoredResponse | None:
-        return self.store.get(rid, owner)
-
-    async def save(self, stored: StoredResponse, owner: str) -> None:
-        self.store.put(stored, owner)
-
-    async def delete(self, rid: str, owner: str) -> bool:
-        return self.store.delete(rid, owner)
-
-    async def reachable(self) -> bool:
-        return True
-
-
 class RedisStore:
     """Stored responses in Redis, shared by every replica and worker (the module's doc).
     One client per process: made when the app starts (`start`), after any fork."""
@@ -259,7 +235,7 @@ class RedisStore:
             log.error("store: the record of %s cannot be read: %r", rid, exc)
             raise StoreUnavailable(f"unreadable record: {exc!r}") from None
 
-    async def save(self, stored: StoredResponse, owner: str) -> None:
+    async def save(self, stored: StoredResponse, owner: str) -> WriteResult:
         prefix = self.prefix(owner)
         key = prefix + stored.entry.id
         try:
@@ -268,10 +244,12 @@ class RedisStore:
                 result = await self._put(key, prefix, replace(stored, parent=None))
         except StoreUnavailable:
             self.metrics.store_writes_dropped.labels("unavailable").inc()
-            return
+            return WriteResult.DROPPED
         if result == b"exists":
             self.metrics.store_writes_dropped.labels("exists").inc()
             log.warning("store: response id %s is stored already; not overwritten", key)
+            return WriteResult.EXISTS
+        return WriteResult.STORED
 
     async def _put(self, key: str, prefix: str, stored: StoredResponse) -> bytes:
         parent, segment, meta = encode(stored)
@@ -290,24 +268,3 @@ class RedisStore:
         except StoreUnavailable:
             return False
         return True
-
-
-async def load_parent(
-    store: AsyncStore | None, session: Session, action: LoadStored
-) -> list[Action]:
-    """Execute a session's `LoadStored`: read the run's parent and hand the answer (found,
-    not found, or the store unavailable) to the session; what it does next."""
-    assert store is not None
-    try:
-        stored = await store.load(action.response_id, action.owner)
-    except StoreUnavailable:
-        return session.stored_loaded(action.run_id, None, unavailable=True)
-    return session.stored_loaded(action.run_id, stored)
-
-
-async def store_status(store: AsyncStore | None) -> dict[str, Any] | None:
-    """What /healthz (and /readyz) say of the store: `{"backend", "reachable"}`, one PING
-    bounded by `store.redis_timeout` for Redis; None when the store is off."""
-    if store is None:
-        return None
-    return {"backend": store.backend, "reachable": await store.reachable()}

@@ -1,66 +1,59 @@
-"""The WebSocket endpoint: runs one `Session` per connection and executes its actions.
+"""The WebSocket endpoint: one `Session` per connection, its actions carried out by the one
+executor (proxy/executor.py) through this front's hooks.
 
-One reader owns `ws.receive()`. Each upstream request runs in its own task (a "pump") inside
-the connection's TaskGroup; a pump reads raw chunks, decodes SSE and hands each event to the
-session. When the client goes away, every pump is cancelled, which closes its upstream
-connection. An exception that escapes a pump is a bug: it is logged with a traceback and the
-socket closes with 1011.
+One reader owns `ws.receive()`. Each run's upstream work (a request, a summary, a store
+read) runs in its own task inside the connection's TaskGroup (`start`); a request's task
+hands each raw chunk to the session through the executor. When the client goes away, every
+task is cancelled, which closes its upstream connection. An exception that escapes a task is a
+bug: it is logged with a traceback and the socket closes with 1011.
 
-The adapter moves bytes and makes no protocol decision: every message goes to the session,
-and `_execute` runs the actions that come back (an exhaustive match: proxy/core/actions.py).
-It is the one place `CancelUpstream` is acted on (proxy/upstream/runner.py says how).
+The front moves bytes and makes no protocol decision: every message goes to the session as a
+`ClientMessage`, and what the session answers is executed.
 
 Backpressure: a write waits while more than `server.outbound_buffer_bytes` are queued for the
 client (our write buffer; the kernel's send buffer is asked for the same size), and the pump
 waits on the write, so the upstream is not read meanwhile; one upstream chunk's frames go
 out in batches of half the bound, so a large chunk does not overshoot it. A write blocked for
-`server.send_timeout` leaves the pump (closing the upstream request) and tells the session
-(`client_stalled`), which fails the response: the client, once it reads again, finds
+`server.send_timeout` leaves the upstream stream (closing the upstream request) and tells the
+session (`ClientStalled`), which fails the response: the client, once it reads again, finds
 `response.failed` and an `error` with code `client_too_slow`.
 
-Drain: `begin_drain` tells the session (which refuses further creates with 503
+Drain: `begin_drain` tells the session (`DrainBegun`: it refuses further creates with 503
 `server_draining`), lets the responses in flight finish for the grace period, then closes the
 socket with 1001; a response still running then first gets `response.failed` and an `error`
-with 503 `server_shutting_down` (`Session.drain_over`).
+with 503 `server_shutting_down` (`DrainOver`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import socket
 import struct
-from collections.abc import Iterable
-from typing import assert_never
+from collections.abc import Awaitable, Callable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.abc import AbstractStreamWriter
 
-from .core import wire
-from .core.actions import (
-    Action,
-    CancelUpstream,
-    Close,
-    CountTokens,
-    Finished,
-    LoadStored,
-    RunCreated,
-    SaveStored,
-    Send,
-    StartUpstream,
-    Summarise,
+from ..core import wire
+from ..core.actions import Send
+from ..core.events import (
+    ClientGone,
+    ClientMessage,
+    ClientStalled,
+    DrainBegun,
+    DrainOver,
+    LifetimeOver,
 )
-from .core.ids import new_id
-from .core.store import owner_of
-from .ops.middleware import CLOSE_CODE, OPS, REQUEST_ID
-from .ops.outbound import Outbound
-from .ops.shared_store import load_parent
-from .ops.throttle import ReadRate
-from .ops.tracking import RunTracker
-from .runtime import AppState
-from .upstream.runner import Abandon
+from ..core.ids import new_id
+from ..core.store import owner_of
+from ..executor import Executor
+from ..ops.middleware import CLOSE_CODE, OPS, REQUEST_ID
+from ..ops.outbound import Outbound
+from ..ops.throttle import ReadRate
+from ..ops.tracking import RunTracker
+from ..runtime import AppState
 
 log = logging.getLogger("wsmode.ws")
 
@@ -87,9 +80,9 @@ class ClientConnection:
         )
         owner = owner_of(request.headers.get("Authorization"))
         # a new chain that names no key goes where the connection's others go (routing.py)
-        self.session = state.core.session(owner, chain_key=self.id)
+        self.session = state.core.socket_session(owner, self.id)
         self.cache = self.session.cache
-        self.tracker = RunTracker(
+        tracker = RunTracker(
             self.ops.metrics,
             self.ops.usage,
             state.policy.dialect.name,
@@ -99,10 +92,10 @@ class ClientConnection:
             console=self.ops.console,
             source=self.id,
         )
-        self.upstream = state.channel(request.headers, self.tracker.label)
-        self.pumps: dict[int, asyncio.Task[None]] = {}
+        runner = state.runner(request.headers, tracker.label)
+        self.executor = Executor(self.session, self, runner, tracker, state.store, state.tokenizer)
+        self.work: dict[int, asyncio.Task[None]] = {}  # each run's upstream work
         self.tg: asyncio.TaskGroup | None = None
-        self.responses = 0
         self.bytes_in = 0
         self.bytes_out = 0
         self.write_timeouts = 0  # writes whose wait for the client to read timed out
@@ -134,8 +127,8 @@ class ClientConnection:
                 finally:
                     if timer is not None:
                         timer.cancel()
-                    await self._execute(self.session.client_gone())
-                    for task in self.pumps.values():
+                    await self.executor.handle(ClientGone())
+                    for task in self.work.values():
                         task.cancel()
                     if self._drain_task is not None and not self.ws.closed:
                         self._drain_task.cancel()  # still waiting; a closing one finishes
@@ -144,22 +137,27 @@ class ClientConnection:
             log.exception("connection %s failed: internal error", self.id)
             await self._close(WSCloseCode.INTERNAL_ERROR, b"internal error")
         finally:
-            self.tracker.clear()
+            self.executor.tracker.clear()
             self.outbound.release()
             self.ops.unregister(self, self.cache)
         log.info(
             "connection %s closed code=%s responses=%d bytes_in=%d bytes_out=%d",
             self.id,
             self.request.get(CLOSE_CODE, ws.close_code),
-            self.responses,
+            self.executor.responses,
             self.bytes_in,
             self.bytes_out,
         )
         return ws
 
+    @property
+    def responses(self) -> int:
+        """Responses finished on this connection (the console shows it)."""
+        return self.executor.responses
+
     async def _expire_after(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
-        await self._execute(self.session.lifetime_over())
+        await self.executor.handle(LifetimeOver())
 
     def _bound_buffers(self) -> None:
         """Make the per-connection outbound bound explicit instead of inheriting defaults:
@@ -180,7 +178,7 @@ class ClientConnection:
         if self.draining and grace > 0:
             return
         self.draining = True
-        self.session.begin_drain()
+        self.session.handle(DrainBegun())  # no action: it only refuses what comes next
         if self.tg is not None:  # a second call with grace 0 cuts a running drain short
             if self._drain_task is not None:
                 self._drain_task.cancel()
@@ -203,7 +201,7 @@ class ClientConnection:
         except TimeoutError:
             log.info("connection %s: drain grace over, cutting in-flight responses", self.id)
             # each cut response ends with response.failed and an error before the 1001
-            await self._execute(self.session.drain_over())
+            await self.executor.handle(DrainOver())
         await self._close(WSCloseCode.GOING_AWAY, b"server shutting down")
 
     async def _close(self, code: int, reason: bytes) -> None:
@@ -248,64 +246,52 @@ class ClientConnection:
         self.state.client_bytes_received += size
         if log.isEnabledFor(logging.DEBUG):
             log.debug("connection %s received a %d-byte message", self.id, size)
-        call = functools.partial(self.session.client_message, data)
-        await self._execute(self.tracker.feed(call, size))
-
-    # ---- executing the session's actions
-
-    async def _execute(self, actions: Iterable[Action], run_id: int | None = None) -> None:
-        """Execute the session's actions in order. `run_id`: the run whose pump is executing
-        them (its frames may raise WriteStalled; if they cancel it, Abandon is raised once
-        all are executed, so that the runner leaves the stream)."""
-        frames: list[bytes] = []  # consecutive Sends go out together, in one write
-        last: list[bytes] = []  # a run's last events, written before its Finished
-        abandon = False
-        for action in actions:
-            if isinstance(action, Send):
-                frames.append(action.frame)
-                continue
-            if frames:
-                await self._send(frames, run_id)
-                last, frames = frames[-2:], []
-            match action:
-                case StartUpstream() | Summarise():
-                    assert self.tg is not None
-                    self.pumps[action.run_id] = self.tg.create_task(self._pump(action))
-                case CancelUpstream():
-                    task = self.pumps.pop(action.run_id, None)
-                    if action.run_id == run_id:
-                        abandon = True  # our own pump: its runner leaves the stream
-                    elif task is not None and task is not asyncio.current_task():
-                        task.cancel()  # (a pump that already left its stream has no work)
-                case Close():
-                    await self._close(action.code, action.reason.encode())
-                case Finished():
-                    self.responses += 1
-                    self.tracker.finished(action, last)
-                    last = []
-                case RunCreated():
-                    self.tracker.created(action)
-                case CountTokens():
-                    if self.state.tokenizer is not None:
-                        self.state.tokenizer.submit(action.jobs, self.upstream.headers)
-                case LoadStored():
-                    # a task like a pump: the reader goes on (other lanes), and a cancel or
-                    # the client leaving cancels it (CancelUpstream)
-                    assert self.tg is not None
-                    self.pumps[action.run_id] = self.tg.create_task(self._load(action))
-                case SaveStored():
-                    # awaited here: the terminal event that follows goes out once it is
-                    # stored, so a client continuing on another replica finds it
-                    assert self.state.responses is not None
-                    await self.state.responses.save(action.stored, action.owner)
-                case _:
-                    assert_never(action)
-        if frames:
-            await self._send(frames, run_id)
+        await self.executor.client(ClientMessage(data), size)
         if self.draining:
             self._check_idle()
-        if abandon:
-            raise Abandon
+
+    # ---- the executor's hooks (proxy/executor.py)
+
+    def start(self, run_id: int, work: Callable[[], Awaitable[None]]) -> None:
+        """A run's upstream work runs in a task of its own: the reader goes on (other
+        lanes), and a cancel or the client leaving cancels it."""
+        assert self.tg is not None
+        self.work[run_id] = self.tg.create_task(self._work(run_id, work))
+
+    def cancel(self, run_id: int) -> None:
+        task = self.work.pop(run_id, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()  # (a task that already left its stream has no work)
+
+    async def close(self, code: int, reason: str) -> None:
+        await self._close(code, reason.encode())
+
+    def leaving(self) -> bool:
+        return False
+
+    async def send(self, sends: list[Send], run_id: int | None) -> None:
+        await self._send([s.frame for s in sends], run_id)
+
+    async def _work(self, run_id: int, work: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await work()
+        except WriteStalled:
+            # leaving the stream closed the upstream request; the session fails the response
+            # (its events queue behind what the client has not read) and frees the lane
+            timeout = self.state.settings.server.send_timeout
+            log.warning(
+                "connection %s: client read nothing for %gs; response cancelled", self.id, timeout
+            )
+            self.ops.metrics.slow_client_cancellations.inc()
+            trace = self.executor.tracker.trace(run_id)
+            if trace is not None:
+                trace.error_counted = True
+            await self.executor.handle(ClientStalled(run_id, timeout))
+        finally:
+            if self.work.get(run_id) is asyncio.current_task():
+                del self.work[run_id]
+            if self.draining:
+                self._check_idle()
 
     async def _send(self, frames: list[bytes], run_id: int | None) -> None:
         """Send text frames in order. Without permessage-deflate, all the frames that one
@@ -385,37 +371,6 @@ class ClientConnection:
             async with asyncio.timeout(self.send_timeout):
                 await self.writer.drain()
             self.outbound.count(transport)
-
-    async def _pump(self, start: StartUpstream | Summarise) -> None:
-        run_id = start.run_id
-        trace = self.tracker.start(start) if isinstance(start, StartUpstream) else None
-        try:
-            await self.upstream.run(
-                self.session, start, lambda actions: self._execute(actions, run_id), trace
-            )
-        except WriteStalled:
-            # leaving the runner closed the upstream request; the session fails the response
-            # (its events queue behind what the client has not read) and frees the lane
-            timeout = self.state.settings.server.send_timeout
-            log.warning(
-                "connection %s: client read nothing for %gs; response cancelled", self.id, timeout
-            )
-            self.ops.metrics.slow_client_cancellations.inc()
-            if trace is not None:
-                trace.error_counted = True
-            await self._execute(self.session.client_stalled(run_id, timeout))
-        finally:
-            if self.pumps.get(run_id) is asyncio.current_task():
-                del self.pumps[run_id]
-
-    async def _load(self, action: LoadStored) -> None:
-        """Read a run's parent from the remote store, then hand the answer to the session."""
-        try:
-            actions = await load_parent(self.state.responses, self.session, action)
-        finally:
-            if self.pumps.get(action.run_id) is asyncio.current_task():
-                del self.pumps[action.run_id]
-        await self._execute(actions)
 
 
 def _text_header(n: int) -> bytes:

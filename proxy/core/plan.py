@@ -1,0 +1,104 @@
+"""The upstream request of a run: what is sent, where it should go, and how its events read.
+
+A run's request is built when it starts (and again after a native fallback or `upstream.api =
+"auto"`'s switch to Chat Completions): the dialect's translator for its events, the body (the
+parent's items plus the new input, with the new request's own settings; or, for an upstream
+that keeps state, only the new input and the upstream's own `previous_response_id`; or the
+input the context manager prepared: compaction items expanded, the window fitted), and a
+`Route` for the upstream pool: the replica of the parent and the chain's key (core/routing.py).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from .actions import Route, StartUpstream
+from .context.managed_stream import ManagedStream
+from .context.manager import ContextManager
+from .conversation import EMPTY
+from .policy import UpstreamPolicy
+from .recorder import PROXY_MADE
+from .routing import client_key, content_key, slot_of
+from .runs import Run
+
+
+class Planner:
+    """Builds one session's upstream requests."""
+
+    def __init__(
+        self, policy: UpstreamPolicy, context: ContextManager | None, chain_key: str | None
+    ) -> None:
+        self.policy = policy
+        self.context = context
+        # the key of a new chain whose client names none: the WebSocket connection's id;
+        # None (HTTP): a hash of the conversation's start (core/routing.py)
+        self.chain_key = chain_key
+
+    def chain_of(self, run: Run) -> str:
+        """The key of the run's chain (core/routing.py): inherited from its parent, else
+        the client's prompt_cache_key, the connection's id or a hash of the start."""
+        if run.parent is not None and run.parent.chain:
+            return run.parent.chain
+        req = run.req
+        return (
+            client_key(req.settings) or self.chain_key or content_key(req.settings, req.input_items)
+        )
+
+    def can_go_native(self, run: Run) -> bool:
+        """The run may continue with the upstream's own `previous_response_id`: the upstream
+        keeps state, and stored the parent, which it produced itself."""
+        return (
+            self.policy.native_previous_response_id
+            and run.parent is not None
+            and run.parent.settings.get("store") is not False
+            and not run.parent.settings.get(PROXY_MADE)
+        )
+
+    def request(self, run: Run) -> StartUpstream:
+        """The run's upstream request; sets its translator (`run.stream`). Raises ClientError
+        when the dialect cannot express the request (chat: strict_tools, ...)."""
+        req, dialect = run.req, self.policy.dialect
+        patch = {"previous_response_id": req.previous_response_id, "store": req.store}
+        chain = run.chain or self.chain_of(run)
+        run.chain = chain
+        session_key = self.policy.session_key_in_body and client_key(req.settings) is None
+        if session_key:  # the proxy's own key goes upstream; the client's answer shows none
+            patch["prompt_cache_key"] = None
+        run.stream = dialect.translator(patch, req.body)
+        # an upstream that keeps state must store what the client stores, so that the next
+        # turn can continue natively; a stateless one needs to store nothing
+        store = req.store if self.policy.native_previous_response_id else self.policy.store
+        extra: dict[str, Any] = {"stream": True, "store": store}
+        settings = req.settings
+        if run.native:
+            assert run.parent is not None
+            extra["previous_response_id"] = run.parent.id
+            items = list(req.input_items)
+            if run.context is not None:  # context_management is the proxy's, not sent
+                settings = run.context.settings
+        elif run.context is not None:  # prepared by the ContextManager
+            assert self.context is not None
+            prep = run.context
+            run.stream = ManagedStream(
+                run.stream,
+                estimate_usage=partial(self.context.usage, prep),
+                first_item=prep.compaction,
+                extra_usage=prep.summary_usage,
+            )
+            settings, items = prep.settings, prep.items
+        else:
+            parent = run.parent or EMPTY
+            items = [*parent.items(), *req.input_items]
+        if session_key:
+            extra["prompt_cache_key"] = chain
+        if self.policy.llamacpp_slots:
+            extra["id_slot"] = slot_of(chain, self.policy.llamacpp_slots)
+        body = dialect.body(settings, extra, items)
+        route = Route(run.parent.replica if run.parent else None, chain)
+        start = StartUpstream(run.id, body, dialect.path, run.moderation, route)
+        run.moderation = None  # once: not again after a native fallback or auto's switch
+        return start
+
+
+__all__ = ["Planner"]

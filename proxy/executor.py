@@ -1,0 +1,235 @@
+"""The one executor of a session's actions, for the WebSocket and the HTTP front alike.
+
+Theory of operation
+-------------------
+A front owns one `Session` (proxy/core/session.py) and one `Executor`. Everything that happens
+reaches the session through `Executor.handle` as a typed event (proxy/core/events.py); the
+actions that come back are carried out here, in order, by one exhaustive `match`
+(proxy/core/actions.py). What differs between the fronts is a handful of hooks (`Front`): how
+frames reach the client, how a run's upstream request is started and cancelled, and closing.
+
+- `Send`: consecutive frames go to the front together (`Front.send`), so one upstream chunk's
+  frames go out in as few writes as the front's bounds allow.
+- `StartUpstream` / `Summarise` / `LoadStored`: the front starts the work (`Front.start`: a task
+  of the connection, or the HTTP handler's next step), which runs here: `run` feeds the upstream
+  runner's events (proxy/upstream/runner.py) to the session one by one and leaves the stream
+  once the batch of actions they caused ended the run (drained, for reuse) or cancelled it
+  (closed, which stops generation); `summarise` and `load` hand their answer back as
+  `SummaryDone`/`SummaryFailed` and `StoredLoaded`.
+- `SaveStored`: awaited in place, then answered with `StoredSaved`: the run's terminal event
+  follows only once the store answered.
+- `CancelUpstream`: another run's work is cancelled (`Front.cancel`); for the run whose events
+  are being executed, the stream is left once the batch is done.
+- `RunCreated`, `Finished` and the upstream's timings go to the run tracker (ops/tracking.py),
+  which observes them for metrics, usage records and the console.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Protocol, assert_never
+
+from .core.actions import (
+    Action,
+    CancelUpstream,
+    Close,
+    CountTokens,
+    Finished,
+    LoadStored,
+    RunCreated,
+    SaveStored,
+    Send,
+    StartUpstream,
+    Summarise,
+)
+from .core.errors import UpstreamError
+from .core.events import (
+    Event,
+    StoredLoaded,
+    StoredSaved,
+    SummaryDone,
+    SummaryFailed,
+    UpstreamFailed,
+)
+from .core.session import Session
+from .core.store import AsyncStore, StoreUnavailable
+from .ops.tracking import RunTracker
+from .upstream.runner import Runner
+from .upstream.tokenizer import TokenizeWorker
+
+log = logging.getLogger("wsmode.executor")
+compaction_log = logging.getLogger("wsmode.compaction")
+
+
+class Leave(enum.Enum):
+    """What a batch of actions means for the upstream stream whose events caused it."""
+
+    STAY = "stay"  # read on
+    DRAIN = "drain"  # the run ended: read what follows its terminal event, for reuse
+    CLOSE = "close"  # the run was cancelled: close the upstream request now
+
+
+class Front(Protocol):
+    """What a front supplies to the executor."""
+
+    async def send(self, sends: list[Send], run_id: int | None) -> None:
+        """Write events to the client in order; for a run's events (`run_id`), may raise
+        the front's own exception when the client stopped reading."""
+
+    def start(self, run_id: int, work: Callable[[], Awaitable[None]]) -> None:
+        """Start a run's upstream work (a request, a summary, a store read)."""
+
+    def cancel(self, run_id: int) -> None:
+        """Stop another run's upstream work, if it is still running."""
+
+    async def close(self, code: int, reason: str) -> None:
+        """Close the connection (a WebSocket's lifetime); never asked of an HTTP exchange."""
+
+    def leaving(self) -> bool:
+        """The front wants the stream being read left now (the HTTP drain's cut)."""
+
+
+class Executor:
+    """Carries out one session's actions through one front's hooks."""
+
+    def __init__(
+        self,
+        session: Session,
+        front: Front,
+        runner: Runner,
+        tracker: RunTracker,
+        store: AsyncStore | None,
+        tokenizer: TokenizeWorker | None,
+    ) -> None:
+        self.session = session
+        self.front = front
+        self.runner = runner
+        self.tracker = tracker
+        self.store = store
+        self.tokenizer = tokenizer
+        self.responses = 0  # runs finished
+
+    async def handle(self, event: Event, run_id: int | None = None) -> Leave:
+        """Hand `event` to the session and execute what it returns."""
+        return await self.execute(self.session.handle(event), run_id)
+
+    async def client(self, event: Event, nbytes: int) -> None:
+        """A client message of `nbytes`: the runs it creates are traced from now."""
+        received = time.monotonic()
+        self.tracker.message(nbytes)
+        await self.execute(self.session.handle(event), None, received, nbytes)
+
+    async def execute(
+        self,
+        actions: list[Action],
+        run_id: int | None = None,
+        received: float | None = None,
+        nbytes: int = 0,
+    ) -> Leave:
+        """Execute the actions in order. `run_id`: the run whose upstream events caused them;
+        what they mean for its stream is returned."""
+        leave = Leave.STAY
+        frames: list[Send] = []  # consecutive Sends go out together
+        for action in actions:
+            if isinstance(action, Send):
+                frames.append(action)
+                continue
+            if frames:
+                await self._send(frames, run_id)
+                frames = []
+            match action:
+                case StartUpstream():
+                    self.front.start(action.run_id, partial(self.run, action))
+                case Summarise():
+                    self.front.start(action.run_id, partial(self.summarise, action))
+                case LoadStored():
+                    self.front.start(action.run_id, partial(self.load, action))
+                case CancelUpstream():
+                    if action.run_id == run_id:
+                        leave = Leave.CLOSE
+                    else:
+                        self.front.cancel(action.run_id)
+                case Finished():
+                    self.responses += 1
+                    self.tracker.finished(action)
+                    if action.run_id == run_id and leave is Leave.STAY:
+                        leave = Leave.DRAIN
+                case RunCreated():
+                    self.tracker.created(action, received, nbytes)
+                case SaveStored():
+                    leave = _worst(leave, await self._save(action, run_id))
+                case CountTokens():
+                    if self.tokenizer is not None:
+                        self.tokenizer.submit(action.jobs, self.runner.headers)
+                case Close():
+                    await self.front.close(action.code, action.reason)
+                case _:
+                    assert_never(action)
+        if frames:
+            await self._send(frames, run_id)
+        return leave
+
+    async def _send(self, frames: list[Send], run_id: int | None) -> None:
+        if run_id is not None:
+            trace = self.tracker.trace(run_id)
+            if trace is not None and trace.first_sent is None:
+                trace.delivered()  # the first event is handed to the client's writer
+        await self.front.send(frames, run_id)
+
+    async def _save(self, action: SaveStored, run_id: int | None) -> Leave:
+        """Store a response, then tell the session, which sends its terminal event."""
+        assert self.store is not None
+        result = await self.store.save(action.stored, action.owner)
+        return await self.handle(StoredSaved(action, result), run_id)
+
+    # ---- the work a front starts
+
+    async def run(self, start: StartUpstream) -> None:
+        """One upstream request: its events to the session, until the run no longer needs
+        them."""
+        run_id = start.run_id
+        trace = self.tracker.start(start)
+        async with self.runner.call(start, trace) as call:
+            async for report in call:
+                if isinstance(report, UpstreamFailed):
+                    trace.failed(report.error)
+                leave = await self.handle(report, run_id)
+                if leave is Leave.CLOSE or self.front.leaving():
+                    call.abandon()
+                    return
+                if leave is Leave.DRAIN:
+                    return
+
+    async def summarise(self, action: Summarise) -> None:
+        """A compaction's summarising request; its result back to the session."""
+        try:
+            result = await self.runner.summary(self.session.policy.dialect, action)
+        except UpstreamError as err:
+            compaction_log.warning(
+                "%s compaction failed (%s): %s", self.runner.label, err.status, err.message
+            )
+            await self.handle(SummaryFailed(action, err))
+            return
+        await self.handle(SummaryDone(action, result))
+
+    async def load(self, action: LoadStored) -> None:
+        """Read a run's parent from the store, then hand the answer to the session."""
+        assert self.store is not None
+        try:
+            stored = await self.store.load(action.response_id, action.owner)
+        except StoreUnavailable:
+            await self.handle(StoredLoaded(action, None, unavailable=True))
+            return
+        await self.handle(StoredLoaded(action, stored))
+
+
+def _worst(a: Leave, b: Leave) -> Leave:
+    order = (Leave.STAY, Leave.DRAIN, Leave.CLOSE)
+    return a if order.index(a) >= order.index(b) else b
+
+
+__all__ = ["Executor", "Front", "Leave"]
