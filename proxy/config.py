@@ -3,7 +3,7 @@
 A section the core reads is the core's own dataclass, so its defaults are written once:
 [limits] is `SessionLimits` (proxy/core/policy.py), [tokens] and [compaction] are
 proxy/core/context/settings.py's, [chat] is `ChatOptions` (proxy/core/dialects/
-chat_request.py). Their checks run when they are built and raise `ValueError`, which the
+chat_settings.py). Their checks run when they are built and raise `ValueError`, which the
 loader reports as `ConfigError`.
 
 Precedence, lowest first: the defaults below < a base TOML file (`WSMODE_BASE_CONFIG`: the
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .core.context.settings import CompactionSettings, TokensSettings
-from .core.dialects.chat_request import ChatOptions
+from .core.dialects.chat_settings import ChatOptions
 from .core.policy import SessionLimits
 from .core.urls import redact_url
 from .sim.settings import SimSettings

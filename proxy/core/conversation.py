@@ -102,7 +102,7 @@ class Segment:
 
     items: tuple[bytes, ...]
     nbytes: int = field(init=False)
-    # proxy/core/context/manager.py's rendering of the items, with their token counts: a memo set
+    # proxy/core/context/render.py's rendering of the items, with their token counts: a memo set
     # once, the first time the segment is continued from, and gone with the segment
     rendering: Any = field(default=None, init=False, repr=False)
 

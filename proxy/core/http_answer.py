@@ -88,7 +88,7 @@ STATUS_OF_CODE: Mapping[str, int] = MappingProxyType(
         "server_error": 500,
         "internal_error": 500,
         "vector_store_timeout": 500,
-        # the proxy's upstream (upstream/client.py, upstream/runner.py, context/manager.py)
+        # the proxy's upstream (upstream/client.py, upstream/runner.py, context/summarise.py)
         "upstream_unavailable": 502,
         "upstream_protocol_error": 502,
         "upstream_event_too_large": 502,

@@ -2,7 +2,7 @@
 
 The proxy keeps memos whose only bound is memory: the Chat dialect's translations and
 checkpoints (proxy/core/dialects/chat_request.py) and the opened compaction items
-(proxy/core/context/manager.py). Each entry is charged the bytes its caller says it holds;
+(proxy/core/context/render.py). Each entry is charged the bytes its caller says it holds;
 `put` evicts from the least recently used end until the total is within `max_bytes` (and
 the count within `max_entries`, when set).
 

@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 import aiohttp
 
 from ..core import wire
-from ..core.context.manager import ContextManager, TokenJob
-from ..core.context.tokens import exact_item, item_text, tokenize_body, tokenize_count
+from ..core.context.manager import ContextManager
+from ..core.context.tokens import TokenJob, exact_item, item_text, tokenize_body, tokenize_count
 from ..core.urls import redact_url
 from .client import UpstreamClient
 

@@ -15,16 +15,19 @@ Two sources, in order of preference:
 
 Either way every item also costs `ITEM_OVERHEAD` tokens for the role markers a chat
 template wraps around it, and an image or file part a flat `ATTACHMENT_TOKENS` instead of
-the length of its base64 data. Counts are computed once per item and kept beside it (see
-proxy/core/context/manager.py); nothing here does I/O.
+the length of its base64 data. Counts are computed once per item and kept beside it, a
+`TokenCounts` per rendered segment (see proxy/core/context/render.py); a `TokenJob` asks the
+upstream's tokenizer for a segment's exact counts. Nothing here does I/O.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from .. import wire
+from .compaction import ItemFacts, facts_of
 
 ITEM_OVERHEAD = 4  # role markers and separators of a chat template, per item
 ATTACHMENT_TOKENS = 768  # one image or file part, whatever its encoded size
@@ -132,3 +135,31 @@ def tokenize_body(text: str) -> dict[str, Any]:
     """A `/tokenize` request both llama.cpp (`content`) and vLLM (`prompt`) understand,
     without the special tokens a template adds (they are in `ITEM_OVERHEAD`)."""
     return {"content": text, "prompt": text, "add_special": False, "add_special_tokens": False}
+
+
+# ---------------------------------------------------------------- counts of rendered items
+
+
+@dataclass(eq=False)
+class TokenCounts:
+    """The rendered items of one segment (or of one request's input) and their counts."""
+
+    items: tuple[bytes, ...]
+    counts: list[int]
+    restart: int  # index where the latest compaction's expansion begins, -1 if none
+    exact: bool = False
+    queued: bool = False
+    _facts: list[ItemFacts] | None = None
+
+    def facts(self) -> list[ItemFacts]:
+        if self._facts is None:
+            self._facts = [facts_of(i) for i in self.items]
+        return self._facts
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TokenJob:
+    """Items whose exact counts the adapter should ask the upstream's tokenizer for."""
+
+    target: TokenCounts
+    items: tuple[bytes, ...]

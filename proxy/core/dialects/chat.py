@@ -2,9 +2,10 @@
 Completions upstreams").
 
 The request is translated by `chat_request` (Responses items -> Chat messages, memoised per
-item). The stream is rebuilt event by event: Chat chunks carry deltas, never item
-boundaries, so `ChatStream` decides them and `OutputBuilder` writes the canonical Responses
-sequence, with ids minted here (`resp_`, `msg_`, `rs_`, `fc_`).
+item) and `chat_settings` (tools and the other settings). The stream is rebuilt event by
+event: Chat chunks carry deltas, never item boundaries, so `ChatStream` decides them and
+`OutputBuilder` writes the canonical Responses sequence, with ids minted here (`resp_`,
+`msg_`, `rs_`, `fc_`).
 
 Chunk handling, tolerant of what real servers send:
 
@@ -39,13 +40,8 @@ from ..errors import UpstreamError
 from ..ids import new_id as mint_id
 from ..sse import SSEEvent
 from .builder import BuiltStream
-from .chat_request import (
-    NAMESPACE_SEP,
-    ChatOptions,
-    TranslationMemo,
-    chat_settings,
-    messages,
-)
+from .chat_request import TranslationMemo, messages
+from .chat_settings import NAMESPACE_SEP, ChatOptions, chat_settings
 
 _FINISH: dict[str, tuple[str, str | None]] = {
     "stop": ("completed", None),
