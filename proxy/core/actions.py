@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .context.manager import TokenJob
+    from .context.tokens import TokenJob
     from .errors import ProxyError
     from .store import StoredResponse
 
@@ -44,9 +44,9 @@ class Send:
     response object, on its terminal event."""
 
     frame: bytes
-    error: ProxyError | None = None
-    seq: int | None = None
-    final: dict[str, Any] | None = None
+    error: ProxyError | None = field(default=None, compare=False)
+    seq: int | None = field(default=None, compare=False)
+    final: dict[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

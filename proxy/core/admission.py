@@ -33,7 +33,10 @@ class Admission:
     def lane_of(self, body: dict[str, Any]) -> str | None:
         """The create's lane, checked first: every later refusal echoes it (an invalid one
         is never echoed: docs/protocol.md "Errors"). Raises ClientError."""
-        lane = check_stream_id(body.get("stream_id"))
+        return check_stream_id(body.get("stream_id"))
+
+    def check_lane(self, lane: str | None) -> None:
+        """A new named lane must fit `max_lanes_per_connection`. Raises ClientError."""
         if lane is not None and lane not in self.lanes:
             cap = self.limits.max_lanes_per_connection
             if len(self.lanes) >= cap:
@@ -42,7 +45,6 @@ class Admission:
                     code="websocket_stream_limit_reached",
                     param="stream_id",
                 )
-        return lane
 
     def admit(
         self,

@@ -151,7 +151,7 @@ class RunDriver:
             return self._warmup(run)
         if self.context is not None and has_trigger(req.input_items):
             return self.compacting.trigger(run)
-        run.native = self.planner.can_go_native(run)
+        run.native = self.planner.can_go_native(run, self.policy)
         out: list[Action] = []
         # a native run is managed too when it could need it: then it is sent in full
         # unless nothing was compacted, truncated or expanded (ContextManager.native_ok)
@@ -171,7 +171,7 @@ class RunDriver:
         """The run's upstream request, or the refusal the dialect leaves (chat:
         strict_tools, ...)."""
         try:
-            start = self.planner.request(run)
+            start = self.planner.request(run, self.policy)
         except ClientError as err:
             return self._refuse(run, err)
         run.decoder = SSEDecoder(self.max_event_bytes)

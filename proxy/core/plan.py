@@ -26,10 +26,7 @@ from .runs import Run
 class Planner:
     """Builds one session's upstream requests."""
 
-    def __init__(
-        self, policy: UpstreamPolicy, context: ContextManager | None, chain_key: str | None
-    ) -> None:
-        self.policy = policy
+    def __init__(self, context: ContextManager | None, chain_key: str | None) -> None:
         self.context = context
         # the key of a new chain whose client names none: the WebSocket connection's id;
         # None (HTTP): a hash of the conversation's start (core/routing.py)
@@ -45,30 +42,31 @@ class Planner:
             client_key(req.settings) or self.chain_key or content_key(req.settings, req.input_items)
         )
 
-    def can_go_native(self, run: Run) -> bool:
+    def can_go_native(self, run: Run, policy: UpstreamPolicy) -> bool:
         """The run may continue with the upstream's own `previous_response_id`: the upstream
         keeps state, and stored the parent, which it produced itself."""
         return (
-            self.policy.native_previous_response_id
+            policy.native_previous_response_id
             and run.parent is not None
             and run.parent.settings.get("store") is not False
             and not run.parent.settings.get(PROXY_MADE)
         )
 
-    def request(self, run: Run) -> StartUpstream:
-        """The run's upstream request; sets its translator (`run.stream`). Raises ClientError
-        when the dialect cannot express the request (chat: strict_tools, ...)."""
-        req, dialect = run.req, self.policy.dialect
+    def request(self, run: Run, policy: UpstreamPolicy) -> StartUpstream:
+        """The run's upstream request under `policy`; sets its translator (`run.stream`).
+        Raises ClientError when the dialect cannot express the request (chat: strict_tools,
+        ...)."""
+        req, dialect = run.req, policy.dialect
         patch = {"previous_response_id": req.previous_response_id, "store": req.store}
         chain = run.chain or self.chain_of(run)
         run.chain = chain
-        session_key = self.policy.session_key_in_body and client_key(req.settings) is None
+        session_key = policy.session_key_in_body and client_key(req.settings) is None
         if session_key:  # the proxy's own key goes upstream; the client's answer shows none
             patch["prompt_cache_key"] = None
         run.stream = dialect.translator(patch, req.body)
         # an upstream that keeps state must store what the client stores, so that the next
         # turn can continue natively; a stateless one needs to store nothing
-        store = req.store if self.policy.native_previous_response_id else self.policy.store
+        store = req.store if policy.native_previous_response_id else policy.store
         extra: dict[str, Any] = {"stream": True, "store": store}
         settings = req.settings
         if run.native:
@@ -92,8 +90,8 @@ class Planner:
             items = [*parent.items(), *req.input_items]
         if session_key:
             extra["prompt_cache_key"] = chain
-        if self.policy.llamacpp_slots:
-            extra["id_slot"] = slot_of(chain, self.policy.llamacpp_slots)
+        if policy.llamacpp_slots:
+            extra["id_slot"] = slot_of(chain, policy.llamacpp_slots)
         body = dialect.body(settings, extra, items)
         route = Route(run.parent.replica if run.parent else None, chain)
         start = StartUpstream(run.id, body, dialect.path, run.moderation, route)

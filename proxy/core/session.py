@@ -112,7 +112,7 @@ class Session(RunDriver):
         self._runs: dict[int, Run] = {}  # every run not yet DONE
         self._busy_lanes: set[str | None] = set()
         self.admission = Admission(self.limits, self.memory)
-        self.planner = Planner(self.policy, self.context, self.chain_key)
+        self.planner = Planner(self.context, self.chain_key)
         self.recorder = Recorder(self.cache, self.owner, self.context, stores=self.stores)
         self.steering = Steering(
             self.cache,
@@ -227,6 +227,7 @@ class Session(RunDriver):
             check = lambda req: context.validate(req, owner)  # noqa: E731
         try:
             lane = self.admission.lane_of(body) if socket else None
+            self.admission.check_lane(lane)
             req = self.admission.admit(body, nbytes, len(self._queue), check, socket=socket)
         except ClientError as err:
             # an invalid stream_id is never echoed (docs/protocol.md "Errors"); a valid one is

@@ -14,12 +14,13 @@ from aiohttp.test_utils import make_mocked_request
 from wsmode.app import create_app
 from wsmode.config import load_settings
 from wsmode.core.actions import Action, CancelUpstream, Close, StartUpstream
+from wsmode.core.events import ClientMessage
 from wsmode.core.sse import SSEEvent
 from wsmode.http_front.responses import HttpExchange
 from wsmode.runtime import APP_STATE
 from wsmode.upstream.runner import Abandon
 
-from tests.unit.session_helpers import assistant, created, item_done, terminal
+from tests.unit.session_helpers import assistant, created, is_active, item_done, terminal
 
 
 class ScriptedUpstream:
@@ -95,15 +96,15 @@ async def test_cancel_upstream_stops_reading_the_run() -> None:
     def cancelling(run_id: int, event: SSEEvent) -> list[Action]:
         # the session ends the run from inside its stream, as a steer boundary would
         out = real(run_id, event)
-        if session.is_active(run_id):
-            out += session.client_message(b'{"type": "response.cancel"}')
+        if is_active(session, run_id):
+            out += session.handle(ClientMessage(b'{"type": "response.cancel"}'))
         return out
 
     session.upstream_event = cancelling  # type: ignore[method-assign]
     await ex.run(dict(BODY))
     assert upstream.left == "abandoned"  # closed, not drained
     assert upstream.read == 1  # nothing read past the batch that cancelled
-    assert not session.is_active(1) and ex.pending == []
+    assert not is_active(session, 1) and ex.pending == []
 
 
 async def test_cancel_upstream_drops_a_start_not_yet_running() -> None:

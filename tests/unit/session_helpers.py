@@ -13,15 +13,35 @@ from dataclasses import replace
 from typing import Any
 
 import orjson
-from wsmode.core.actions import Action, Finished, Send, StartUpstream
+from wsmode.core.actions import (
+    Action,
+    Finished,
+    LoadStored,
+    SaveStored,
+    Send,
+    StartUpstream,
+    Summarise,
+)
 from wsmode.core.context.manager import ContextManager, ContextSettings
 from wsmode.core.context.sealing import Sealer
 from wsmode.core.context.settings import TokensSettings
 from wsmode.core.conversation import CacheBudget, ResponseCache
 from wsmode.core.dialects.responses import ResponsesDialect
+from wsmode.core.errors import ProxyError, UpstreamError
+from wsmode.core.events import (
+    ClientMessage,
+    InputRefused,
+    Routed,
+    StoredLoaded,
+    StoredSaved,
+    SummaryDone,
+    SummaryFailed,
+    UpstreamChunk,
+)
 from wsmode.core.policy import SessionLimits, UpstreamPolicy
 from wsmode.core.session import Session
 from wsmode.core.sse import SSEEvent
+from wsmode.core.store import StoredResponse, WriteResult
 from wsmode.sim.events import response_events
 from wsmode.sim.model import plan
 
@@ -53,7 +73,7 @@ def user(text: str) -> dict[str, Any]:
 
 def create(s: Session, **fields: Any) -> list[Action]:
     msg = {"type": "response.create", "model": "m", "input": [user("hi")], **fields}
-    return s.client_message(orjson.dumps(msg))
+    return s.handle(ClientMessage(orjson.dumps(msg)))
 
 
 def sends(actions: Iterable[Action]) -> list[dict[str, Any]]:
@@ -82,6 +102,60 @@ def sse(ev: dict[str, Any], *, named: bool = True) -> SSEEvent:
     return SSEEvent(ev["type"] if named else None, orjson.dumps(ev))
 
 
+def encoded(event: SSEEvent) -> bytes:
+    """One SSE event on the wire, as an upstream sends it."""
+    head = b"event: " + event.event.encode() + b"\n" if event.event is not None else b""
+    lines = b"".join(b"data: " + line + b"\n" for line in event.data.split(b"\n"))
+    return head + lines + b"\n"
+
+
+def event_in(s: Session, run_id: int, event: SSEEvent) -> list[Action]:
+    """One upstream event for a run, arriving as a chunk of its own; a write to the store it
+    asks for is answered as stored, as the executor would (the answer's actions follow)."""
+    return saved(s, s.handle(UpstreamChunk(run_id, encoded(event))))
+
+
+def saved(
+    s: Session, actions: list[Action], result: WriteResult = WriteResult.STORED
+) -> list[Action]:
+    """`actions`, with each `SaveStored` among them answered by `result`."""
+    out: list[Action] = []
+    for action in actions:
+        out.append(action)
+        if isinstance(action, SaveStored):
+            out += saved(s, s.handle(StoredSaved(action, result)), result)
+    return out
+
+
+def is_active(s: Session, run_id: int) -> bool:
+    """The session still has the run (queued or in flight)."""
+    return run_id in s._runs
+
+
+def summary_done(s: Session, run_id: int, result: Any) -> list[Action]:
+    return s.handle(SummaryDone(Summarise(run_id, [], "/responses"), result))
+
+
+def summary_failed(s: Session, run_id: int, err: UpstreamError) -> list[Action]:
+    return s.handle(SummaryFailed(Summarise(run_id, [], "/responses"), err))
+
+
+def stored_loaded(
+    s: Session, run_id: int, stored: StoredResponse | None, *, unavailable: bool = False
+) -> list[Action]:
+    run = s._runs.get(run_id)
+    rid = (run.req.previous_response_id if run is not None else None) or ""
+    return saved(s, s.handle(StoredLoaded(LoadStored(run_id, rid, s.owner), stored, unavailable)))
+
+
+def input_refused(s: Session, run_id: int, err: ProxyError) -> list[Action]:
+    return s.handle(InputRefused(StartUpstream(run_id, [], "/responses"), err))
+
+
+def routed(s: Session, run_id: int, replica: str) -> list[Action]:
+    return s.handle(Routed(StartUpstream(run_id, [], "/responses"), replica))
+
+
 def sim_events(upstream_body: dict[str, Any], tokens: int = 3) -> list[dict[str, Any]]:
     """The simulated model's full, spec-complete event list for one upstream request."""
     p = plan(upstream_body, seed=1, output_tokens=tokens, tool_calls_per_turn=0)
@@ -91,7 +165,7 @@ def sim_events(upstream_body: dict[str, Any], tokens: int = 3) -> list[dict[str,
 def feed(s: Session, run_id: int, events: Iterable[dict[str, Any]]) -> list[Action]:
     out: list[Action] = []
     for ev in events:
-        out += s.upstream_event(run_id, sse(ev))
+        out += event_in(s, run_id, sse(ev))
     return out
 
 
@@ -231,4 +305,4 @@ def make_context_session(
 
 def send_create(s: Session, **fields: Any) -> list[Action]:
     msg = {"type": "response.create", "model": "m", "store": False, **fields}
-    return s.client_message(orjson.dumps(msg))
+    return s.handle(ClientMessage(orjson.dumps(msg)))

@@ -23,6 +23,7 @@ from tests.unit.session_helpers import (
     sends,
     sim_events,
     starts,
+    summary_done,
     the_start,
     user,
 )
@@ -114,7 +115,7 @@ def test_the_index_survives_compaction() -> None:
     )
     (summary,) = [a for a in turn if isinstance(a, Summarise)]
     start = the_start(
-        s.summary_done(summary.run_id, SummaryResult("completed", [assistant("S")], None))
+        summary_done(s, summary.run_id, SummaryResult("completed", [assistant("S")], None))
     )
     frames = sends(feed(s, start.run_id, sim_events(body_of(start))))
     done = frames[-1]["response"]

@@ -8,6 +8,7 @@ the trigger item never does, in either dialect.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -18,6 +19,7 @@ from wsmode.core.context.manager import SummaryResult
 from wsmode.core.dialects.chat import ChatDialect
 from wsmode.core.dialects.responses import ResponsesDialect
 from wsmode.core.errors import UpstreamError
+from wsmode.core.events import ClientMessage
 from wsmode.core.policy import UpstreamPolicy
 from wsmode.core.session import Session
 
@@ -30,6 +32,8 @@ from tests.unit.session_helpers import (
     send_create,
     sends,
     starts,
+    summary_done,
+    summary_failed,
     the_start,
     user,
 )
@@ -90,7 +94,7 @@ def test_a_trigger_answers_exactly_one_compaction_item_and_the_next_turn_uses_it
     assert "fact-0" in text and "compaction_trigger" not in text
     assert "careful agent" not in text  # the developer head is kept verbatim, not summarised
 
-    out = s.summary_done(action.run_id, SummaryResult("completed", [assistant("S: 0-3")], USAGE))
+    out = summary_done(s, action.run_id, SummaryResult("completed", [assistant("S: 0-3")], USAGE))
     more = sends(out)
     assert [f["type"] for f in more] == ["response.output_item.done", "response.completed"]
     seqs = [f["sequence_number"] for f in (*frames, *more)]
@@ -122,7 +126,7 @@ def test_other_new_items_are_compacted_with_the_conversation() -> None:
     prev = chain(s, 3)
     late = user("late-item " + "y" * 200)
     action, _ = trigger(s, prev, late)
-    out = s.summary_done(action.run_id, SummaryResult("completed", [assistant("S")], None))
+    out = summary_done(s, action.run_id, SummaryResult("completed", [assistant("S")], None))
     done = sends(out)[-1]["response"]
     assert done["usage"]["total_tokens"] > 0  # estimated when the summary reports none
     nxt = body_of(the_start(send_create(s, input=[user("n")], previous_response_id=done["id"])))
@@ -167,7 +171,7 @@ def test_bad_triggers_are_400s_and_change_nothing(fields: dict[str, Any], param:
 def test_a_failed_summary_fails_the_started_response() -> None:
     s = make_context_session()
     action, opening = trigger(s, chain(s))
-    out = s.summary_failed(action.run_id, UpstreamError("overloaded", status=503))
+    out = summary_failed(s, action.run_id, UpstreamError("overloaded", status=503))
     failed, err = sends(out)
     assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
     assert failed["sequence_number"] == sends(opening)[-1]["sequence_number"] + 1
@@ -180,7 +184,7 @@ def test_chat_dialect_never_sees_the_trigger() -> None:
     (action,) = summarises(send_create(s, input=[*history, TRIGGER]))
     summary_body = orjson.loads(b"".join(action.body))
     assert "messages" in summary_body and b"compaction_trigger" not in b"".join(action.body)
-    out = s.summary_done(action.run_id, SummaryResult("completed", [assistant("S")], None))
+    out = summary_done(s, action.run_id, SummaryResult("completed", [assistant("S")], None))
     rid = sends(out)[-1]["response"]["id"]
     nxt = the_start(send_create(s, input=[user("n")], previous_response_id=rid))
     assert b"compaction_trigger" not in b"".join(nxt.body)
@@ -188,7 +192,7 @@ def test_chat_dialect_never_sees_the_trigger() -> None:
 
 def test_chat_dialect_without_compaction_rejects_the_trigger() -> None:
     s = make_context_session(policy=UpstreamPolicy(ChatDialect()))
-    s.context = None  # compaction.enabled = false
+    s = replace(s, context=None)  # compaction.enabled = false
     (ev,) = sends(send_create(s, input=[user("x"), TRIGGER]))
     assert ev["status"] == 400 and ev["error"]["code"] == "unsupported_value"
 
@@ -240,7 +244,7 @@ def test_native_runs_compact_with_context_management() -> None:
     cm = [{"type": "compaction", "compact_threshold": 1000}]
     out = native_turn(s, stored_chain(s), context_management=cm)
     (action,) = summarises(out)
-    nxt = s.summary_done(action.run_id, SummaryResult("completed", [assistant("S")], None))
+    nxt = summary_done(s, action.run_id, SummaryResult("completed", [assistant("S")], None))
     body = body_of(the_start(nxt))
     assert "previous_response_id" not in body and "context_management" not in body
     assert body["input"][0]["content"][0]["text"] == SUMMARY_PREFIX + "S"
@@ -250,7 +254,7 @@ def test_native_runs_expand_compaction_items_and_never_forward_triggers() -> Non
     s = native_session(keep_recent_fraction=0.3)
     prev = stored_chain(s)
     action, _ = trigger(s, prev)
-    out = s.summary_done(action.run_id, SummaryResult("completed", [assistant("S")], None))
+    out = summary_done(s, action.run_id, SummaryResult("completed", [assistant("S")], None))
     done = sends(out)[-1]["response"]
     # the upstream never saw the compaction response: the next turn is sent in full
     start: StartUpstream = the_start(native_turn(s, done["id"]))
@@ -268,12 +272,12 @@ def test_a_cancel_while_compacting_stops_the_summary_and_caches_nothing() -> Non
     prev = chain(s)
     action, opening = trigger(s, prev)
     rid = sends(opening)[0]["response"]["id"]
-    out = s.client_message(orjson.dumps({"type": "response.cancel"}))
+    out = s.handle(ClientMessage(orjson.dumps({"type": "response.cancel"})))
     assert CancelUpstream(action.run_id) in out
     (ev,) = sends(out)
     assert ev["type"] == "response.incomplete" and ev["response"]["id"] == rid
     assert ev["sequence_number"] == sends(opening)[-1]["sequence_number"] + 1
-    assert s.summary_done(action.run_id, SummaryResult("completed", [assistant("S")], None)) == []
+    assert summary_done(s, action.run_id, SummaryResult("completed", [assistant("S")], None)) == []
     assert rid not in s.cache and prev in s.cache
 
 
@@ -289,6 +293,6 @@ def test_a_long_conversation_is_summarised_in_chunks_each_announced() -> None:
         (action,) = summarises(out)
         requests += 1
         assert "[instructions the assistant follows] Be exact." in summary_input(action)
-        out = s.summary_done(action.run_id, SummaryResult("completed", [assistant("S")], None))
+        out = summary_done(s, action.run_id, SummaryResult("completed", [assistant("S")], None))
     assert requests >= 2 and progress == requests
     assert [o["type"] for o in sends(out)[-1]["response"]["output"]] == ["compaction"]

@@ -14,7 +14,11 @@ import orjson
 import pytest
 from wsmode.config import ConfigError, ConsoleSettings, load_settings
 from wsmode.console.routes import enabled
-from wsmode.ops.console_feed import ConsoleFeed, failure, input_texts, output_texts
+from wsmode.core.actions import Finished, Outcome
+from wsmode.core.errors import ClientError, UpstreamError
+from wsmode.ops.console_feed import ConsoleFeed, input_texts, output_texts
+from wsmode.ops.metrics import Metrics
+from wsmode.ops.tracking import RunTracker
 
 STATIC = Path(__file__).resolve().parents[2] / "proxy" / "console" / "static"
 
@@ -74,14 +78,20 @@ def test_errors_carry_no_message_unless_show_content() -> None:
     assert shown_error["message"] == "the key sk-secret is wrong"
 
 
-def test_a_failed_turn_reports_the_code_of_its_error_event() -> None:
-    frames = [
-        b'{"type":"response.failed","response":{"error":{"code":"server_error","message":"x"}}}',
-        b'{"type":"error","status":502,"error":{"code":"upstream_error","message":"bad"}}',
+def test_a_failed_turn_reports_the_status_and_code_of_its_error() -> None:
+    f = feed(show_content=True)
+    tracker = RunTracker(Metrics(), None, "responses", "o", "conn", None, console=f, source="c")
+    upstream = UpstreamError("bad", status=502, code="upstream_error")
+    tracker.finished(Finished(1, "resp_1", Outcome.FAILED, error=upstream))
+    refused = ClientError("no such call", code="no_tool_call")
+    tracker.finished(Finished(2, None, Outcome.REJECTED, refused="no_tool_call", error=refused))
+    tracker.finished(Finished(3, None, Outcome.REJECTED, refused="moderation"))
+    got = [(e["where"], e["status"], e["code"], e.get("message")) for e in f.errors]
+    assert got == [
+        ("c resp_1", 502, "upstream_error", "bad"),
+        ("c run 2", 400, "no_tool_call", "no such call"),
+        ("c run 3", None, "moderation", None),
     ]
-    assert failure(frames) == (502, "upstream_error", "bad")
-    assert failure(frames[:1]) == (None, "server_error", "x")
-    assert failure([b"not json"]) is None
 
 
 def test_text_of_items_and_of_a_terminal_event() -> None:
@@ -91,13 +101,9 @@ def test_text_of_items_and_of_a_terminal_event() -> None:
         b'{"type":"function_call_output","call_id":"c","output":"42"}',
     ]
     assert input_texts(items) == "hello\nworld\n42"
-    done = orjson.dumps(
-        {
-            "type": "response.completed",
-            "response": {"output": [{"content": [{"type": "output_text", "text": "hi!"}]}]},
-        }
-    )
-    assert output_texts([done]) == "hi!"
+    done = {"output": [{"content": [{"type": "output_text", "text": "hi!"}]}]}
+    assert output_texts(done) == "hi!"
+    assert output_texts(None) == "" and output_texts({"output": "?"}) == ""
     assert len(input_texts([orjson.dumps({"content": "x" * 10_000})])) == 2000
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import orjson
 from wsmode.build import build_guards
@@ -11,7 +11,15 @@ from wsmode.core.guards import DenyPatterns, Guards, MaxNewInputBytes, NewInput,
 from wsmode.core.session import Session
 
 from tests.helpers import proxy_settings
-from tests.unit.session_helpers import complete, make_session, send_create, sends, starts, user
+from tests.unit.session_helpers import (
+    complete,
+    input_refused,
+    make_session,
+    send_create,
+    sends,
+    starts,
+    user,
+)
 
 
 @dataclass
@@ -29,7 +37,7 @@ class Recorder:
 
 def guarded(*checks: object, moderation: bool = False) -> Session:
     s = make_session()
-    s.guards = Guards(tuple(checks), moderation=moderation)  # type: ignore[arg-type]
+    s = replace(s, guards=Guards(tuple(checks), moderation=moderation))  # type: ignore[arg-type]
     return s
 
 
@@ -73,7 +81,7 @@ def test_moderation_text_rides_on_the_start_once() -> None:
     s = guarded(moderation=True)
     (start,) = starts(send_create(s, input=[user("one"), user("two")]))
     assert start.moderate == ("one", "two")
-    refused = s.input_refused(start.run_id, ClientError("no", code="invalid_prompt"))
+    refused = input_refused(s, start.run_id, ClientError("no", code="invalid_prompt"))
     assert [ev["error"]["code"] for ev in sends(refused)] == ["invalid_prompt"]
     assert s.active_count == 0
     # no text, nothing to ask

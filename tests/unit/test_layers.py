@@ -2,7 +2,7 @@
 
 Each part of the package may import only the parts below it:
 
-    core  <-  config, logs  <-  ops, upstream  <-  build, runtime
+    core  <-  config, logs  <-  ops, upstream  <-  build, runtime  <-  executor
           <-  ws_front, http_front, sidecar  <-  app  <-  serve  <-  cli
 
 `sim` (the simulated model) uses `core` only; `bench` is tooling and may use anything. `ops`
@@ -28,8 +28,14 @@ ALLOWED: dict[str, frozenset[str]] = {
     "upstream": frozenset({"core", "config", "logs"}),
     "build": frozenset({"core", "config"}),
     "runtime": frozenset({"core", "config", "build", "upstream"}),
-    "ws_front": frozenset({"core", "config", "logs", "ops", "upstream", "build", "runtime"}),
-    "http_front": frozenset({"core", "config", "logs", "ops", "upstream", "build", "runtime"}),
+    # the one executor of the session's actions, which the two fronts of the session share
+    "executor": frozenset({"core", "config", "logs", "ops", "upstream"}),
+    "ws_front": frozenset(
+        {"core", "config", "logs", "ops", "upstream", "build", "runtime", "executor"}
+    ),
+    "http_front": frozenset(
+        {"core", "config", "logs", "ops", "upstream", "build", "runtime", "executor"}
+    ),
     "sidecar": frozenset({"core", "config", "logs", "ops", "upstream"}),
     # the browser console reads what the fronts hold (open connections) for its snapshots
     "console": frozenset({"core", "config", "logs", "ops", "upstream", "runtime", "ws_front"}),

@@ -11,10 +11,11 @@ import orjson
 from wsmode.core.actions import Action, Finished, LoadStored, SaveStored, Send, Summarise
 from wsmode.core.context.manager import SummaryResult
 from wsmode.core.conversation import NO_CALLS, CachedResponse, Segment, index_calls
+from wsmode.core.events import ClientMessage
 from wsmode.core.runs import RunState
 from wsmode.core.session import Session
 from wsmode.core.store import StoredResponse
-from wsmode.ops.shared_store import decode, encode
+from wsmode.ops.redis_store import decode, encode
 
 from tests.unit.session_helpers import (
     CALL,
@@ -27,13 +28,15 @@ from tests.unit.session_helpers import (
     send_create,
     sends,
     starts,
+    stored_loaded,
+    summary_done,
     the_start,
     user,
 )
 
 
 def remote_session() -> Session:
-    return replace(make_session(), remote_store=True)
+    return replace(make_session(), stores=True)
 
 
 def saves(actions: list[Action]) -> list[SaveStored]:
@@ -97,7 +100,7 @@ def test_a_parent_not_in_the_cache_is_loaded_and_the_run_waits_for_it() -> None:
     assert s.active_count == 1  # the lane and the slot are held while it loads
     [run] = s._runs.values()
     assert run.state is RunState.LOADING
-    out = s.stored_loaded(load.run_id, StoredResponse(stored_entry, b"{}", 1))
+    out = stored_loaded(s, load.run_id, StoredResponse(stored_entry, b"{}", 1))
     texts = [i["content"] for i in body_of(the_start(out))["input"]]
     assert texts == ["before", "now"]
 
@@ -105,7 +108,7 @@ def test_a_parent_not_in_the_cache_is_loaded_and_the_run_waits_for_it() -> None:
 def test_a_parent_the_store_does_not_have_is_the_documented_not_found() -> None:
     s = remote_session()
     [load] = loads(create(s, previous_response_id="r_gone"))
-    [err] = sends(s.stored_loaded(load.run_id, None))
+    [err] = sends(stored_loaded(s, load.run_id, None))
     assert err["error"]["code"] == "previous_response_not_found"
     assert "unavailable" not in err["error"]["message"]
     assert s.active_count == 0
@@ -114,7 +117,7 @@ def test_a_parent_the_store_does_not_have_is_the_documented_not_found() -> None:
 def test_a_store_that_cannot_answer_is_a_not_found_that_says_so() -> None:
     s = remote_session()
     [load] = loads(create(s, previous_response_id="r_x"))
-    [err] = sends(s.stored_loaded(load.run_id, None, unavailable=True))
+    [err] = sends(stored_loaded(s, load.run_id, None, unavailable=True))
     assert err["error"]["code"] == "previous_response_not_found"
     assert err["status"] == 400
     assert "store is unavailable" in err["error"]["message"]
@@ -123,8 +126,8 @@ def test_a_store_that_cannot_answer_is_a_not_found_that_says_so() -> None:
 def test_a_load_answered_after_a_cancel_does_nothing() -> None:
     s = remote_session()
     [load] = loads(create(s, previous_response_id="r_x"))
-    s.client_message(orjson.dumps({"type": "response.cancel"}))
-    assert s.stored_loaded(load.run_id, None) == []
+    s.handle(ClientMessage(orjson.dumps({"type": "response.cancel"})))
+    assert stored_loaded(s, load.run_id, None) == []
     assert s.active_count == 0
 
 
@@ -165,7 +168,7 @@ def test_a_record_round_trips_every_field_and_the_exact_item_bytes() -> None:
 def test_after_a_compaction_the_record_starts_its_own_chain() -> None:
     """The compacted history replaces the old one: the record holds it whole, points at no
     parent, and carries the whole call index (the calls the compaction stands for)."""
-    s = replace(make_context_session(keep_recent_fraction=0.3), remote_store=True)
+    s = replace(make_context_session(keep_recent_fraction=0.3), stores=True)
     prev: str | None = None
     previous = None
     for i in range(6):
@@ -190,7 +193,7 @@ def test_after_a_compaction_the_record_starts_its_own_chain() -> None:
     )
     [summary] = [a for a in compacting if isinstance(a, Summarise)]
     result = SummaryResult("completed", [assistant("SUMMARY")], None)
-    start = the_start(s.summary_done(summary.run_id, result))
+    start = the_start(summary_done(s, summary.run_id, result))
     _, out = complete(s, start)
     [save] = saves(out)
     assert save.stored.parent is None

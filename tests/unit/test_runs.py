@@ -10,6 +10,7 @@ import orjson
 import pytest
 from wsmode.core.actions import Action, Finished, Outcome
 from wsmode.core.errors import UpstreamError
+from wsmode.core.events import ClientMessage, ClientStalled, UpstreamFailed
 from wsmode.core.request import parse_create
 from wsmode.core.runs import TRANSITIONS, IllegalTransition, Run, RunState
 from wsmode.core.session import Session
@@ -24,6 +25,7 @@ from tests.unit.session_helpers import (
     done,
     feed,
     finished,
+    is_active,
     item_done,
     make_session,
     quick,
@@ -79,7 +81,7 @@ def test_a_native_retry_moves_upstream_to_upstream_once_streaming_it_may_not() -
     rid, _ = complete(s, the_start(create(s)))
     start = the_start(create(s, previous_response_id=rid, input=[user("more")]))
     lost = UpstreamError("gone", status=400, code="previous_response_not_found")
-    retry = the_start(s.upstream_failed(start.run_id, lost))  # UPSTREAM -> UPSTREAM
+    retry = the_start(s.handle(UpstreamFailed(start.run_id, lost)))  # UPSTREAM -> UPSTREAM
     assert retry.run_id == start.run_id
     assert s._runs[start.run_id].state is RunState.UPSTREAM
     feed(s, start.run_id, [created("resp_2")])
@@ -106,7 +108,7 @@ def _incomplete(s: Session) -> list[Action]:
 def _failed(s: Session) -> list[Action]:
     start = the_start(create(s))
     feed(s, start.run_id, [created("resp_1"), delta(1)])
-    return s.upstream_failed(start.run_id, UpstreamError("cut", started=True))
+    return s.handle(UpstreamFailed(start.run_id, UpstreamError("cut", started=True)))
 
 
 def _failed_in_stream(s: Session) -> list[Action]:
@@ -122,7 +124,7 @@ def _failed_in_stream(s: Session) -> list[Action]:
 def _stalled(s: Session) -> list[Action]:
     start = the_start(create(s))
     feed(s, start.run_id, [created("resp_1"), delta(1)])
-    return s.client_stalled(start.run_id, 5.0)
+    return s.handle(ClientStalled(start.run_id, 5.0))
 
 
 def _rejected(s: Session) -> list[Action]:
@@ -131,7 +133,7 @@ def _rejected(s: Session) -> list[Action]:
 
 def _cancelled(s: Session) -> list[Action]:
     the_start(create(s, stream_id="x"))
-    return s.client_message(b'{"type": "response.cancel", "stream_id": "x"}')
+    return s.handle(ClientMessage(b'{"type": "response.cancel", "stream_id": "x"}'))
 
 
 def _warmup(s: Session) -> list[Action]:
@@ -141,7 +143,7 @@ def _warmup(s: Session) -> list[Action]:
 def _steered(s: Session) -> list[Action]:
     start = the_start(create(s))
     feed(s, start.run_id, [created("resp_1"), added(1, 0), done(2, 0, MSG)])
-    return s.client_message(steer("resp_1"))
+    return s.handle(ClientMessage(steer("resp_1")))
 
 
 SCENARIOS: dict[str, tuple[Callable[[Session], list[Action]], Outcome]] = {
@@ -167,7 +169,7 @@ def test_every_end_reports_an_outcome_of_the_closed_set(name: str) -> None:
     assert fin.outcome is expected
     # the strings metrics labels and usage records carry are unchanged
     assert fin.outcome == expected.value and str(fin.outcome) == expected.value
-    assert not s.is_active(fin.run_id)
+    assert not is_active(s, fin.run_id)
 
 
 def test_outcome_values_are_the_wire_strings() -> None:

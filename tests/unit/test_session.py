@@ -17,6 +17,15 @@ from wsmode.core.actions import (
     Send,
 )
 from wsmode.core.errors import UpstreamError, upstream_http_error
+from wsmode.core.events import (
+    ClientGone,
+    ClientMessage,
+    ClientStalled,
+    DrainBegun,
+    DrainOver,
+    UpstreamEnded,
+    UpstreamFailed,
+)
 from wsmode.core.policy import SessionLimits
 from wsmode.core.sse import SSEEvent
 
@@ -28,8 +37,10 @@ from tests.unit.session_helpers import (
     create,
     created,
     delta,
+    event_in,
     feed,
     finished,
+    is_active,
     item_done,
     make_session,
     quick,
@@ -113,7 +124,7 @@ def test_completed_reports_finished_with_usage_and_caches_items() -> None:
     assert cached is not None
     output = events[-1]["response"]["output"]
     assert [orjson.loads(i) for i in cached.items()] == [user("hi"), *output]
-    assert not s.is_active(start.run_id) and s.active_count == 0
+    assert not is_active(s, start.run_id) and s.active_count == 0
 
 
 # ------------------------------------------------------------------ continuation
@@ -307,7 +318,7 @@ def test_named_lane_stamps_stream_id_on_failure_frames() -> None:
     s = make_session()
     start = the_start(create(s, stream_id="planner"))
     feed(s, start.run_id, [created("resp_1")])
-    frames = sends(s.upstream_failed(start.run_id, UpstreamError("cut", started=True)))
+    frames = sends(s.handle(UpstreamFailed(start.run_id, UpstreamError("cut", started=True))))
     assert [f["type"] for f in frames] == ["response.failed", "error"]
     assert all(f["stream_id"] == "planner" for f in frames)
 
@@ -316,7 +327,7 @@ def test_default_lane_never_has_stream_id() -> None:
     s = make_session()
     start = the_start(create(s))
     feed(s, start.run_id, [created("resp_1")])
-    frames = sends(s.upstream_failed(start.run_id, UpstreamError("cut", started=True)))
+    frames = sends(s.handle(UpstreamFailed(start.run_id, UpstreamError("cut", started=True))))
     frames += sends(create(s, generate=False))
     frames += sends(create(s, previous_response_id="resp_nope"))
     assert frames and all("stream_id" not in f for f in frames)
@@ -386,7 +397,7 @@ def test_upstream_http_error_before_stream() -> None:
     s = make_session()
     start = the_start(create(s, stream_id="a"))
     body = b'{"error":{"message":"slow down","type":"rate_limit_error","code":"rate_limited"}}'
-    actions = s.upstream_failed(start.run_id, upstream_http_error(429, body))
+    actions = s.handle(UpstreamFailed(start.run_id, upstream_http_error(429, body)))
     assert sends(actions) == [
         {
             "type": "error",
@@ -401,14 +412,14 @@ def test_upstream_http_error_before_stream() -> None:
         }
     ]
     assert finished(actions) == [Finished(start.run_id, None, "failed")]
-    assert not s.is_active(start.run_id)
+    assert not is_active(s, start.run_id)
 
 
 def test_failure_frees_the_lane_for_the_next_queued_run() -> None:
     s = make_session()
     start = the_start(create(s))
     assert create(s) == [RunCreated(2)]
-    actions = s.upstream_failed(start.run_id, UpstreamError("connect failed"))
+    actions = s.handle(UpstreamFailed(start.run_id, UpstreamError("connect failed")))
     assert the_start(actions).run_id == 2
 
 
@@ -417,7 +428,7 @@ def test_mid_stream_failure_sends_failed_then_error_with_continuing_sequence() -
     start = the_start(create(s, store=False))
     feed(s, start.run_id, [created("resp_1"), delta(1), delta(2)])
     err = UpstreamError("upstream went away", started=True, code="upstream_unavailable")
-    actions = s.upstream_failed(start.run_id, err)
+    actions = s.handle(UpstreamFailed(start.run_id, err))
     failed, error = sends(actions)
     assert failed["type"] == "response.failed" and failed["sequence_number"] == 3
     assert failed["response"]["id"] == "resp_1"
@@ -448,10 +459,10 @@ def test_events_after_failure_are_ignored() -> None:
     s = make_session()
     start = the_start(create(s))
     feed(s, start.run_id, [created("resp_1")])
-    s.upstream_failed(start.run_id, UpstreamError("cut", started=True))
-    assert s.upstream_event(start.run_id, sse(delta(1))) == []
-    assert s.upstream_failed(start.run_id, UpstreamError("again")) == []
-    assert s.upstream_eof(start.run_id) == []
+    s.handle(UpstreamFailed(start.run_id, UpstreamError("cut", started=True)))
+    assert event_in(s, start.run_id, sse(delta(1))) == []
+    assert s.handle(UpstreamFailed(start.run_id, UpstreamError("again"))) == []
+    assert s.handle(UpstreamEnded(start.run_id)) == []
 
 
 def test_same_lane_failed_continuation_evicts_its_parent() -> None:
@@ -460,7 +471,7 @@ def test_same_lane_failed_continuation_evicts_its_parent() -> None:
     quick(s, first, "resp_p")
     assert "resp_p" in s.cache
     second = the_start(create(s, stream_id="a", previous_response_id="resp_p"))
-    s.upstream_failed(second.run_id, upstream_http_error(500, b"boom"))
+    s.handle(UpstreamFailed(second.run_id, upstream_http_error(500, b"boom")))
     assert "resp_p" not in s.cache
     [err] = sends(create(s, stream_id="a", previous_response_id="resp_p"))
     assert err["error"]["code"] == "previous_response_not_found"
@@ -471,7 +482,7 @@ def test_same_lane_failed_continuation_evicts_parent_on_default_lane() -> None:
     quick(s, the_start(create(s)), "resp_p")
     second = the_start(create(s, previous_response_id="resp_p"))
     feed(s, second.run_id, [created("resp_2")])
-    s.upstream_eof(second.run_id)
+    s.handle(UpstreamEnded(second.run_id))
     assert "resp_p" not in s.cache
 
 
@@ -479,7 +490,7 @@ def test_cross_lane_fork_failure_keeps_the_parent() -> None:
     s = make_session()
     quick(s, the_start(create(s, stream_id="a")), "resp_p")
     fork = the_start(create(s, stream_id="b", previous_response_id="resp_p"))
-    s.upstream_failed(fork.run_id, upstream_http_error(500, b"boom"))
+    s.handle(UpstreamFailed(fork.run_id, upstream_http_error(500, b"boom")))
     assert "resp_p" in s.cache
     assert starts(create(s, stream_id="a", previous_response_id="resp_p"))
 
@@ -546,7 +557,7 @@ def test_native_falls_back_once_to_full_body_on_not_found() -> None:
         b'{"error":{"message":"gone","type":"invalid_request_error",'
         b'"code":"previous_response_not_found","param":"previous_response_id"}}',
     )
-    actions = s.upstream_failed(start.run_id, not_found)
+    actions = s.handle(UpstreamFailed(start.run_id, not_found))
     retry = the_start(actions)
     assert actions == [retry] and retry.run_id == start.run_id
     body = body_of(retry)
@@ -554,7 +565,7 @@ def test_native_falls_back_once_to_full_body_on_not_found() -> None:
     assert "previous_response_id" not in body and body["store"] is True
     assert body["input"] == [user("one"), assistant("ok"), user("two")]
     # a second not-found is not retried again: it is reported
-    actions = s.upstream_failed(start.run_id, not_found)
+    actions = s.handle(UpstreamFailed(start.run_id, not_found))
     assert starts(actions) == []
     [err] = sends(actions)
     assert err["status"] == 400 and err["error"]["code"] == "previous_response_not_found"
@@ -565,7 +576,7 @@ def test_native_fallback_stream_still_reports_the_clients_previous_id() -> None:
     quick(s, the_start(create(s)), "resp_p")
     start = the_start(create(s, previous_response_id="resp_p"))
     err = UpstreamError("gone", status=404, code="previous_response_not_found")
-    retry = the_start(s.upstream_failed(start.run_id, err))
+    retry = the_start(s.handle(UpstreamFailed(start.run_id, err)))
     [frame] = sends(feed(s, retry.run_id, [created("resp_2")]))
     assert frame["response"]["previous_response_id"] == "resp_p"
 
@@ -583,7 +594,7 @@ def test_native_other_errors_are_not_retried() -> None:
     s = make_session(native=True)
     quick(s, the_start(create(s)), "resp_p")
     start = the_start(create(s, previous_response_id="resp_p"))
-    actions = s.upstream_failed(start.run_id, upstream_http_error(500, b"boom"))
+    actions = s.handle(UpstreamFailed(start.run_id, upstream_http_error(500, b"boom")))
     assert starts(actions) == [] and sends(actions)[0]["status"] == 500
 
 
@@ -604,7 +615,7 @@ def test_native_other_errors_are_not_retried() -> None:
 )
 def test_bad_client_messages(raw: bytes, code: str) -> None:
     s = make_session()
-    actions = s.client_message(raw)
+    actions = s.handle(ClientMessage(raw))
     [err] = sends(actions)
     assert len(actions) == 1
     assert err["type"] == "error" and err["status"] == 400 and "stream_id" not in err
@@ -614,7 +625,7 @@ def test_bad_client_messages(raw: bytes, code: str) -> None:
 
 def test_unknown_type_param_and_message() -> None:
     s = make_session()
-    [err] = sends(s.client_message(b'{"type": "response.frobnicate"}'))
+    [err] = sends(s.handle(ClientMessage(b'{"type": "response.frobnicate"}')))
     assert err["error"]["param"] == "type"
     assert "'response.frobnicate'" in err["error"]["message"]
 
@@ -622,12 +633,12 @@ def test_unknown_type_param_and_message() -> None:
 def test_client_message_accepts_str() -> None:
     s = make_session()
     msg = orjson.dumps({"type": "response.create", "model": "m", "input": "hi"}).decode()
-    assert the_start(s.client_message(msg)).run_id == 1
+    assert the_start(s.handle(ClientMessage(msg))).run_id == 1
 
 
 def test_steer_without_input_is_invalid_input() -> None:
     s = make_session()
-    [ev] = sends(s.client_message(b'{"type":"response.steer","previous_response_id":"r1"}'))
+    [ev] = sends(s.handle(ClientMessage(b'{"type":"response.steer","previous_response_id":"r1"}')))
     assert ev["type"] == "response.steer.failed"
     assert ev["error"]["code"] == "invalid_input"
     assert ev["steer"] == {"previous_response_id": "r1", "input": None}
@@ -644,7 +655,7 @@ def test_client_gone_cancels_active_runs_and_clears_cache() -> None:
     feed(s, b.run_id, [created("resp_b")])
     queued = create(s, stream_id="a", previous_response_id="resp_p")
     assert queued == [RunCreated(4)]  # queued and pinned
-    actions = s.client_gone()
+    actions = s.handle(ClientGone())
     assert sorted(actions, key=lambda x: x.run_id) == [  # type: ignore[union-attr]
         CancelUpstream(a.run_id),
         CancelUpstream(b.run_id),
@@ -652,7 +663,7 @@ def test_client_gone_cancels_active_runs_and_clears_cache() -> None:
     assert s.closed and len(s.cache) == 0 and s.cache.nbytes == 0
     assert s.cache.budget.entries == 0 and s.cache.budget.nbytes == 0
     assert s.active_count == 0 and s.queued_count == 0
-    assert not s.is_active(a.run_id) and s.upstream_event(b.run_id, sse(delta(1))) == []
+    assert not is_active(s, a.run_id) and event_in(s, b.run_id, sse(delta(1))) == []
 
 
 # ------------------------------------------------------------------ upstream stream shapes
@@ -723,7 +734,7 @@ def test_eof_without_terminal_fails_the_response() -> None:
     s = make_session()
     start = the_start(create(s))
     feed(s, start.run_id, [created("resp_1"), delta(1)])
-    actions = s.upstream_eof(start.run_id)
+    actions = s.handle(UpstreamEnded(start.run_id))
     failed, err = sends(actions)
     assert failed["type"] == "response.failed" and failed["sequence_number"] == 2
     assert err["type"] == "error" and err["sequence_number"] == 3
@@ -735,19 +746,19 @@ def test_eof_without_terminal_fails_the_response() -> None:
 def test_eof_before_any_event_is_an_error_only() -> None:
     s = make_session()
     start = the_start(create(s))
-    [err] = sends(s.upstream_eof(start.run_id))
+    [err] = sends(s.handle(UpstreamEnded(start.run_id)))
     assert err["type"] == "error" and "sequence_number" not in err and err["status"] == 502
 
 
 def test_done_sentinel_is_ignored() -> None:
     s = make_session()
     start = the_start(create(s))
-    assert s.upstream_event(start.run_id, SSEEvent(None, b"[DONE]")) == []
+    assert event_in(s, start.run_id, SSEEvent(None, b"[DONE]")) == []
     actions = quick(s, start, "resp_1")
     assert finished(actions)[0].outcome == "completed"
     # a trailing [DONE] after the terminal event, then the end of the stream: nothing more
-    assert s.upstream_event(start.run_id, SSEEvent(None, b"[DONE]")) == []
-    assert s.upstream_eof(start.run_id) == []
+    assert event_in(s, start.run_id, SSEEvent(None, b"[DONE]")) == []
+    assert s.handle(UpstreamEnded(start.run_id)) == []
 
 
 def test_terminal_with_empty_output_is_filled_from_output_item_done() -> None:
@@ -795,7 +806,7 @@ def test_unnamed_sse_events_are_typed_from_their_data() -> None:
     events = [created("resp_1"), delta(1), item_done(2, assistant("x")), terminal("resp_1", 3, [])]
     actions: list[Action] = []
     for ev in events:
-        actions += s.upstream_event(start.run_id, sse(ev, named=False))
+        actions += event_in(s, start.run_id, sse(ev, named=False))
     frames = sends(actions)
     assert [f["type"] for f in frames] == [e["type"] for e in events]
     assert all(f["stream_id"] == "a" for f in frames)
@@ -806,7 +817,7 @@ def test_non_json_upstream_event_fails_the_response() -> None:
     s = make_session()
     start = the_start(create(s))
     feed(s, start.run_id, [created("resp_1")])
-    actions = s.upstream_event(start.run_id, SSEEvent("response.output_text.delta", b"garbage"))
+    actions = event_in(s, start.run_id, SSEEvent("response.output_text.delta", b"garbage"))
     assert [f["type"] for f in sends(actions)] == ["response.failed", "error"]
     assert finished(actions)[0].outcome == "failed"
 
@@ -814,7 +825,7 @@ def test_non_json_upstream_event_fails_the_response() -> None:
 def test_unparseable_lifecycle_event_fails_the_response() -> None:
     s = make_session()
     start = the_start(create(s))
-    actions = s.upstream_event(start.run_id, SSEEvent("response.created", b"{not json"))
+    actions = event_in(s, start.run_id, SSEEvent("response.created", b"{not json"))
     [err] = sends(actions)
     assert err["type"] == "error" and err["status"] == 502
 
@@ -822,7 +833,7 @@ def test_unparseable_lifecycle_event_fails_the_response() -> None:
 def test_unnamed_event_without_type_fails_the_response() -> None:
     s = make_session()
     start = the_start(create(s))
-    [err] = sends(s.upstream_event(start.run_id, SSEEvent(None, b'{"delta":"x"}')))
+    [err] = sends(event_in(s, start.run_id, SSEEvent(None, b'{"delta":"x"}')))
     assert err["type"] == "error" and err["status"] == 502
 
 
@@ -830,15 +841,15 @@ def test_lifecycle_event_without_response_object_fails_the_response() -> None:
     s = make_session()
     start = the_start(create(s))
     bad = {"type": "response.created", "sequence_number": 0}
-    [err] = sends(s.upstream_event(start.run_id, sse(bad)))
+    [err] = sends(event_in(s, start.run_id, sse(bad)))
     assert err["type"] == "error" and "no response object" in err["error"]["message"]
 
 
 def test_events_for_unknown_runs_are_ignored() -> None:
     s = make_session()
-    assert s.upstream_event(99, sse(delta(0))) == []
-    assert s.upstream_failed(99, UpstreamError("x")) == []
-    assert s.upstream_eof(99) == []
+    assert event_in(s, 99, sse(delta(0))) == []
+    assert s.handle(UpstreamFailed(99, UpstreamError("x"))) == []
+    assert s.handle(UpstreamEnded(99)) == []
 
 
 # ------------------------------------------------------------------ pins (docs/protocol.md "Forks")
@@ -895,13 +906,13 @@ def test_draining_refuses_creates_but_the_runs_already_there_finish() -> None:
     s = make_session()
     start = the_start(create(s, stream_id="a"))
     assert create(s, stream_id="a") == [RunCreated(2)]  # queued before the drain
-    s.begin_drain()
+    s.handle(DrainBegun())
     # refused by the session itself, with the bytes the WebSocket front used to write
     assert create(s, stream_id="a") == [Send(DRAINING)]
     assert create(s, generate=False) == [Send(DRAINING)]
     assert s.queued_count == 1
     # other messages are answered as usual
-    [bad] = sends(s.client_message(b"{"))
+    [bad] = sends(s.handle(ClientMessage(b"{")))
     assert bad["error"]["code"] == "invalid_json"
     out = quick(s, start, "resp_1")
     assert [f.outcome for f in finished(out)] == ["completed"]
@@ -914,8 +925,8 @@ def test_drain_over_fails_every_run_in_flight_or_queued_and_starts_nothing() -> 
     waiting = the_start(create(s, stream_id="b"))  # sent upstream, no event yet
     assert create(s, stream_id="a") == [RunCreated(3)]  # queued behind the first
     feed(s, streaming.run_id, [created("resp_1"), delta(1)])
-    s.begin_drain()
-    out = s.drain_over()
+    s.handle(DrainBegun())
+    out = s.handle(DrainOver())
     cancels = [a for a in out if isinstance(a, CancelUpstream)]
     assert cancels == [CancelUpstream(streaming.run_id), CancelUpstream(waiting.run_id)]
     assert starts(out) == []  # the queued run never starts
@@ -941,7 +952,7 @@ def test_drain_over_fails_every_run_in_flight_or_queued_and_starts_nothing() -> 
     ]
     assert sorted(f.outcome for f in finished(out)) == ["failed"] * 3
     assert s.active_count == 0 and s.queued_count == 0
-    assert s.drain_over() == []  # nothing is left
+    assert s.handle(DrainOver()) == []  # nothing is left
 
 
 def test_client_stalled_fails_the_response_cancels_upstream_and_frees_the_lane() -> None:
@@ -949,7 +960,7 @@ def test_client_stalled_fails_the_response_cancels_upstream_and_frees_the_lane()
     start = the_start(create(s, stream_id="a"))
     assert create(s, stream_id="a") == [RunCreated(2)]
     feed(s, start.run_id, [created("resp_1"), delta(1)])
-    out = s.client_stalled(start.run_id, 2.5)
+    out = s.handle(ClientStalled(start.run_id, 2.5))
     assert out[0] == CancelUpstream(start.run_id)
     message = "The response was cancelled: the client did not read its events for 2.5s."
     failed, error = sends(out)
@@ -973,13 +984,13 @@ def test_client_stalled_fails_the_response_cancels_upstream_and_frees_the_lane()
     }
     assert [(f.run_id, f.outcome) for f in finished(out)] == [(start.run_id, "failed")]
     assert the_start(out).run_id == 2
-    assert s.client_stalled(start.run_id, 2.5) == []  # it is over: nothing more to do
+    assert s.handle(ClientStalled(start.run_id, 2.5)) == []  # it is over: nothing more to do
 
 
 def test_client_stalled_before_created_sends_only_the_error() -> None:
     s = make_session()
     start = the_start(create(s))
-    out = s.client_stalled(start.run_id, 1)
+    out = s.handle(ClientStalled(start.run_id, 1))
     assert [e["type"] for e in sends(out)] == ["error"]
     assert sends(out)[0]["error"]["code"] == "client_too_slow"
     assert out[0] == CancelUpstream(start.run_id)

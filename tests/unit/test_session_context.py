@@ -7,6 +7,7 @@ through `summary_done`, and the generation's stream starts with the compaction i
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -15,6 +16,7 @@ from wsmode.core.context.compaction import summary_message
 from wsmode.core.context.manager import SummaryResult
 from wsmode.core.context.sealing import Sealer
 from wsmode.core.errors import UpstreamError
+from wsmode.core.events import ClientGone
 from wsmode.core.session import Session
 
 from tests.unit.session_helpers import (
@@ -31,6 +33,8 @@ from tests.unit.session_helpers import (
     sends,
     sim_events,
     starts,
+    summary_done,
+    summary_failed,
     terminal,
     the_start,
     user,
@@ -113,7 +117,7 @@ def test_context_management_compacts_then_generates_in_one_stream() -> None:
     assert s.active_count == 1
 
     result = SummaryResult("completed", [assistant("SUMMARY: facts 0-4")], SUMMARY_USAGE)
-    start = the_start(s.summary_done(summary.run_id, result))
+    start = the_start(summary_done(s, summary.run_id, result))
     assert start.run_id == summary.run_id
     body = body_of(start)
     assert body["input"][0] == orjson.loads(summary_message("SUMMARY: facts 0-4"))
@@ -155,7 +159,7 @@ def test_summary_failure_is_reported_and_frees_the_lane() -> None:
     queued = send_create(s, input=[user("queued")])
     assert starts(queued) == [] and summarises(queued) == []
     err = UpstreamError("model overloaded", status=503, code="server_error")
-    out = s.summary_failed(summary.run_id, err)
+    out = summary_failed(s, summary.run_id, err)
     (ev,) = sends(out)
     assert ev["type"] == "error" and ev["status"] == 503
     assert ev["error"]["message"] == "Compaction failed: model overloaded"
@@ -167,7 +171,7 @@ def test_summary_failure_is_reported_and_frees_the_lane() -> None:
 def test_an_empty_summary_fails_the_response() -> None:
     s = make_context_session()
     summary, _ = compact_turn(s, long_conversation(s))
-    out = s.summary_done(summary.run_id, SummaryResult("completed", [], None))
+    out = summary_done(s, summary.run_id, SummaryResult("completed", [], None))
     (ev,) = sends(out)
     assert ev["status"] == 502 and ev["error"]["code"] == "compaction_failed"
 
@@ -175,8 +179,8 @@ def test_an_empty_summary_fails_the_response() -> None:
 def test_client_gone_while_compacting_cancels_the_summary() -> None:
     s = make_context_session()
     summary, _ = compact_turn(s, long_conversation(s))
-    assert s.client_gone() == [CancelUpstream(summary.run_id)]
-    assert s.summary_done(summary.run_id, SummaryResult("completed", [assistant("x")], None)) == []
+    assert s.handle(ClientGone()) == [CancelUpstream(summary.run_id)]
+    assert summary_done(s, summary.run_id, SummaryResult("completed", [assistant("x")], None)) == []
 
 
 def with_window(s: Session, **settings: Any) -> None:
@@ -190,11 +194,11 @@ def test_compaction_that_still_does_not_fit_is_a_400() -> None:
     with_window(s, context_window=1500, output_reserve=100)
     summary, _ = compact_turn(s, prev)
     huge = SummaryResult("completed", [assistant("S" * 3000)], None)
-    out = s.summary_done(summary.run_id, huge)
+    out = summary_done(s, summary.run_id, huge)
     for _ in range(20):  # the small window takes the older part in chunks
         if not any(isinstance(a, Summarise) for a in out):
             break
-        out = s.summary_done(summary.run_id, huge)
+        out = summary_done(s, summary.run_id, huge)
     (ev,) = sends(out)
     assert ev["status"] == 400 and ev["error"]["code"] == "context_length_exceeded"
     assert [f.outcome for f in finished(out)] == ["rejected"]
@@ -209,7 +213,7 @@ def test_tampered_compaction_item_is_rejected_on_arrival() -> None:
     prev = long_conversation(s)
     summary, _ = compact_turn(s, prev)
     start = the_start(
-        s.summary_done(summary.run_id, SummaryResult("completed", [assistant("S")], None))
+        summary_done(s, summary.run_id, SummaryResult("completed", [assistant("S")], None))
     )
     frames = sends(feed(s, start.run_id, sim_events(body_of(start))))
     item = dict(frames[-1]["response"]["output"][0])
@@ -226,11 +230,11 @@ def test_another_credential_cannot_use_the_item() -> None:
     a = make_context_session("owner-a")
     summary, _ = compact_turn(a, long_conversation(a))
     start = the_start(
-        a.summary_done(summary.run_id, SummaryResult("completed", [assistant("S")], None))
+        summary_done(a, summary.run_id, SummaryResult("completed", [assistant("S")], None))
     )
     item = sends(feed(a, start.run_id, sim_events(body_of(start))))[-1]["response"]["output"][0]
     b = make_context_session("owner-b")
-    b.context = a.context  # same process, same key
+    b = replace(b, context=a.context)  # same process, same key
     (ev,) = sends(send_create(b, input=[item, user("hi")]))
     assert ev["error"]["code"] == "invalid_encrypted_content"
     # the creator can

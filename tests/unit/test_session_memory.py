@@ -7,6 +7,7 @@ import dataclasses
 import orjson
 from wsmode.core.conversation import CacheBudget, ResponseCache
 from wsmode.core.dialects.responses import ResponsesDialect
+from wsmode.core.events import ClientGone, ClientMessage
 from wsmode.core.memory import MemoryBudget
 from wsmode.core.policy import SessionLimits, UpstreamPolicy
 from wsmode.core.session import Session
@@ -30,15 +31,15 @@ def _frame(text: str) -> bytes:
 def test_only_waiting_creates_hold_bytes_and_every_end_releases_them() -> None:
     memory = MemoryBudget(HUGE)
     s = _session(memory)
-    first = starts(s.client_message(_frame("runs")))[0]
+    first = starts(s.handle(ClientMessage(_frame("runs"))))[0]
     assert s.queued_bytes == 0 and memory.queued == 0  # it started at once
     waiting = [_frame(f"waits {i}") for i in range(3)]
     for frame in waiting:
-        assert starts(s.client_message(frame)) == []
+        assert starts(s.handle(ClientMessage(frame))) == []
     assert s.queued_bytes == memory.queued == sum(len(f) for f in waiting)
     assert len(starts(quick(s, first, "resp_1"))) == 1  # the next starts: its bytes are free
     assert memory.queued == sum(len(f) for f in waiting[1:])
-    s.client_gone()  # the socket closed: what still waited holds nothing
+    s.handle(ClientGone())  # the socket closed: what still waited holds nothing
     assert s.queued_bytes == 0 and memory.queued == 0
 
 
@@ -46,17 +47,17 @@ def test_past_either_bound_the_create_is_refused_and_nothing_changes() -> None:
     frame = _frame("x" * 1000)
     memory = MemoryBudget(HUGE)
     s = _session(memory, max_queued_bytes_per_connection=2 * len(frame))
-    s.client_message(_frame("runs"))
+    s.handle(ClientMessage(_frame("runs")))
     for _ in range(2):
-        assert sends(s.client_message(frame)) == []
-    (err,) = sends(s.client_message(frame))
+        assert sends(s.handle(ClientMessage(frame))) == []
+    (err,) = sends(s.handle(ClientMessage(frame)))
     assert err["status"] == 429 and err["error"]["code"] == "too_many_queued_requests"
     assert s.queued_count == 2 and memory.queued == 2 * len(frame) and memory.refused == 0
     # another connection under the same process budget
     memory.max_bytes = memory.queued + len(frame) // 2
     other = _session(memory)
-    other.client_message(_frame("runs"))
-    (err,) = sends(other.client_message(frame))
+    other.handle(ClientMessage(_frame("runs")))
+    (err,) = sends(other.handle(ClientMessage(frame)))
     assert (
         err["error"]["code"] == "too_many_queued_requests"
         and "memory budget" in err["error"]["message"]

@@ -19,6 +19,7 @@ from tests.unit.session_helpers import (
     create,
     finished,
     make_session,
+    routed,
     the_start,
     user,
 )
@@ -26,16 +27,14 @@ from tests.unit.session_helpers import (
 
 def _session(chain_key: str | None = None, **policy: object) -> Session:
     s = make_session()
-    s.chain_key = chain_key
-    s.policy = replace(s.policy, **policy)  # type: ignore[arg-type]
-    return s
+    return replace(s, chain_key=chain_key, policy=replace(s.policy, **policy))  # type: ignore[arg-type]
 
 
 def _turn(s: Session, replica: str | None, **fields: object) -> str:
     """One create served by `replica` (None: the adapter reported none); its response id."""
     start = the_start(create(s, **fields))
     if replica is not None:
-        s.routed(start.run_id, replica)
+        routed(s, start.run_id, replica)
     rid, actions = complete(s, start)
     assert finished(actions)[0].replica == replica
     return rid
@@ -58,7 +57,7 @@ def test_every_turn_lane_and_fork_of_a_chain_carries_its_parent_replica() -> Non
         start = the_start(create(s, previous_response_id=first, stream_id=lane))
         assert start.route is not None
         assert (start.route.replica, start.route.chain) == ("r1:1", "conn_abc")
-        s.routed(start.run_id, "r1:1")
+        routed(s, start.run_id, "r1:1")
         complete(s, start)
 
 

@@ -11,6 +11,7 @@ import orjson
 from wsmode.core.actions import RunCreated
 from wsmode.core.dialects.chat import ChatDialect
 from wsmode.core.errors import UpstreamError
+from wsmode.core.events import ClientMessage, UpstreamFailed
 from wsmode.core.policy import SessionLimits
 from wsmode.core.session import Session
 
@@ -26,6 +27,7 @@ from tests.unit.session_helpers import (
     done,
     feed,
     finished,
+    is_active,
     item_done,
     make_session,
     quick,
@@ -46,7 +48,7 @@ TOOL_OUT = {"type": "function_call_output", "call_id": "c1", "output": "x"}
 def test_steer_failed_for_a_finished_named_lane_response_carries_its_stream_id() -> None:
     s = make_session()
     quick(s, the_start(create(s, stream_id="L")), "r1")
-    [late] = sends(s.client_message(steer("r1", "late")))
+    [late] = sends(s.handle(ClientMessage(steer("r1", "late"))))
     assert late["type"] == "response.steer.failed"
     assert late["error"]["code"] == "response_already_completed"
     assert late["stream_id"] == "L"
@@ -54,16 +56,16 @@ def test_steer_failed_for_a_finished_named_lane_response_carries_its_stream_id()
     bad = orjson.dumps(
         {"type": "response.steer", "previous_response_id": "r1", "input": "x", "stream_id": "L"}
     )
-    [invalid] = sends(s.client_message(bad))
+    [invalid] = sends(s.handle(ClientMessage(bad)))
     assert invalid["error"]["code"] == "invalid_input" and invalid["stream_id"] == "L"
 
 
 def test_steer_failed_for_a_default_lane_or_unknown_response_has_no_stream_id() -> None:
     s = make_session()
     quick(s, the_start(create(s)), "r1")
-    [late] = sends(s.client_message(steer("r1")))
+    [late] = sends(s.handle(ClientMessage(steer("r1"))))
     assert late["error"]["code"] == "response_already_completed" and "stream_id" not in late
-    [unknown] = sends(s.client_message(steer("resp_nope")))
+    [unknown] = sends(s.handle(ClientMessage(steer("resp_nope"))))
     assert unknown["error"]["code"] == "response_not_found" and "stream_id" not in unknown
 
 
@@ -73,7 +75,7 @@ def test_steer_failed_for_a_response_whose_steers_wait_carries_its_stream_id() -
     s = make_session()
     _pending_tool_turn(s, "L")
     s.cache.evict("r1")
-    [late] = sends(s.client_message(steer("r1", "again")))
+    [late] = sends(s.handle(ClientMessage(steer("r1", "again"))))
     assert late["error"]["code"] == "response_already_completed"
     assert late["stream_id"] == "L"
 
@@ -91,7 +93,7 @@ def _pending_tool_turn(
         fields["stream_id"] = lane
     start = the_start(create(s, **fields))
     feed(s, start.run_id, [created("r1"), added(1, 0, "function_call")])
-    s.client_message(steer("r1", "more"))
+    s.handle(ClientMessage(steer("r1", "more")))
     dones = [done(2 + i, i, call) for i, call in enumerate(calls)]
     out = feed(s, start.run_id, [*dones, terminal("r1", 2 + len(calls), list(calls))])
     assert "response.steer.pending" in [e["type"] for e in sends(out)]
@@ -148,7 +150,7 @@ def test_create_queued_before_the_tool_turn_ended_gets_the_same_order() -> None:
     s = make_session()
     start = the_start(create(s))
     feed(s, start.run_id, [created("r1"), added(1, 0, "function_call")])
-    s.client_message(steer("r1"))
+    s.handle(ClientMessage(steer("r1")))
     assert create(s, previous_response_id="r1", input=[TOOL_OUT]) == [RunCreated(2)]
     out = feed(s, start.run_id, [done(2, 0, CALL), terminal("r1", 3, [CALL])])
     assert body_of(the_start(out))["input"][-3:] == [CALL, TOOL_OUT, user("more")]
@@ -163,9 +165,9 @@ def test_a_custom_tool_call_waits_for_its_output_like_a_function_call() -> None:
     s = make_session()
     start = the_start(create(s, input=[user("go")]))
     feed(s, start.run_id, [created("r1"), added(1, 0, "custom_tool_call")])
-    s.client_message(steer("r1", "more"))
+    s.handle(ClientMessage(steer("r1", "more")))
     out = feed(s, start.run_id, [done(2, 0, CUSTOM_CALL)])
-    assert starts(out) == [] and s.is_active(start.run_id)  # no interruption at the boundary
+    assert starts(out) == [] and is_active(s, start.run_id)  # no interruption at the boundary
     out = feed(s, start.run_id, [terminal("r1", 3, [CUSTOM_CALL])])
     [pending] = [e for e in sends(out) if e["type"] == "response.steer.pending"]
     assert pending["required_input"] == [{"type": "custom_tool_call_output", "call_id": "c9"}]
@@ -222,7 +224,7 @@ def test_fork_from_a_parent_that_fails_gets_previous_response_not_found() -> Non
     s = make_session()
     parent = _running(s, "a", "r1")
     create(s, stream_id="b", previous_response_id="r1", input=[user("fork")])
-    out = s.upstream_failed(parent, UpstreamError("cut", status=502, started=True))
+    out = s.handle(UpstreamFailed(parent, UpstreamError("cut", status=502, started=True)))
     fork_errors = [e for e in sends(out) if e.get("stream_id") == "b"]
     assert [e["error"]["code"] for e in fork_errors] == ["previous_response_not_found"]
     assert starts(out) == [] and s.active_count == 0 and s.queued_count == 0
@@ -232,7 +234,7 @@ def test_fork_from_a_cancelled_parent_gets_previous_response_not_found() -> None
     s = make_session()
     _running(s, "a", "r1")
     create(s, stream_id="b", previous_response_id="r1", input=[user("fork")])
-    out = s.client_message(b'{"type": "response.cancel", "response_id": "r1"}')
+    out = s.handle(ClientMessage(b'{"type": "response.cancel", "response_id": "r1"}'))
     [err] = [e for e in sends(out) if e["type"] == "error"]
     assert err["stream_id"] == "b" and err["error"]["code"] == "previous_response_not_found"
 

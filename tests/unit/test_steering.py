@@ -10,6 +10,7 @@ import pytest
 from wsmode.core.actions import CancelUpstream, Close, RunCreated
 from wsmode.core.dialects.responses import ResponsesDialect
 from wsmode.core.errors import ClientError
+from wsmode.core.events import ClientMessage, LifetimeOver, UpstreamFailed
 from wsmode.core.policy import SessionLimits
 from wsmode.core.steering import SteerRejected, parse_steer, required_input
 
@@ -24,6 +25,7 @@ from tests.unit.session_helpers import (
     done,
     feed,
     finished,
+    is_active,
     make_context_session,
     make_session,
     send_create,
@@ -99,10 +101,10 @@ def test_steer_waits_for_the_item_boundary_then_successor_starts() -> None:
     s = make_session()
     start = the_start(create(s, input=[user("go")], instructions="keep"))
     feed(s, start.run_id, [created("r1"), added(1, 0), delta(2)])
-    out = s.client_message(steer("r1"))
+    out = s.handle(ClientMessage(steer("r1")))
     [accepted] = sends(out)
     assert accepted["type"] == "response.steer.accepted" and accepted["sequence_number"] == 3
-    assert starts(out) == [] and s.is_active(start.run_id)
+    assert starts(out) == [] and is_active(s, start.run_id)
     out = feed(s, start.run_id, [delta(3), done(4, 0, MSG)])
     evs = sends(out)
     # the upstream's numbers shift by the inserted steer event
@@ -110,7 +112,7 @@ def test_steer_waits_for_the_item_boundary_then_successor_starts() -> None:
     assert evs[-1]["type"] == "response.incomplete"
     assert evs[-1]["response"]["incomplete_details"] == {"reason": "steered"}
     assert evs[-1]["response"]["output"] == [MSG]
-    assert CancelUpstream(start.run_id) in out and not s.is_active(start.run_id)
+    assert CancelUpstream(start.run_id) in out and not is_active(s, start.run_id)
     successor = body_of(the_start(out))
     assert successor["input"] == [user("go"), MSG, user("more")]
     assert successor["instructions"] == "keep"
@@ -121,7 +123,7 @@ def test_steer_between_items_interrupts_at_once() -> None:
     s = make_session()
     start = the_start(create(s))
     feed(s, start.run_id, [created("r1"), added(1, 0), done(2, 0, MSG)])
-    out = s.client_message(steer("r1"))
+    out = s.handle(ClientMessage(steer("r1")))
     assert [e["type"] for e in sends(out)] == ["response.steer.accepted", "response.incomplete"]
     assert len(starts(out)) == 1
 
@@ -130,7 +132,7 @@ def test_steer_after_function_call_waits_for_pending() -> None:
     s = make_session()
     start = the_start(create(s, stream_id="L"))
     feed(s, start.run_id, [created("r1"), added(1, 0, "function_call")])
-    s.client_message(steer("r1"))
+    s.handle(ClientMessage(steer("r1")))
     final = {"id": "r1", "status": "completed", "output": [CALL]}
     out = feed(
         s,
@@ -154,7 +156,7 @@ def test_create_already_queued_skips_pending() -> None:
     s = make_session()
     start = the_start(create(s))
     feed(s, start.run_id, [created("r1"), added(1, 0, "function_call")])
-    s.client_message(steer("r1"))
+    s.handle(ClientMessage(steer("r1")))
     tool_out = {"type": "function_call_output", "call_id": "c1", "output": "x"}
     assert create(s, previous_response_id="r1", input=[tool_out]) == [RunCreated(2)]  # queued
     final = {"id": "r1", "status": "completed", "output": [CALL]}
@@ -173,9 +175,9 @@ def test_successor_failure_returns_the_steer_input() -> None:
     s = make_session()
     start = the_start(create(s))
     feed(s, start.run_id, [created("r1"), added(1, 0), done(2, 0, MSG)])
-    out = s.client_message(steer("r1", "please"))
+    out = s.handle(ClientMessage(steer("r1", "please")))
     succ = the_start(out)
-    evs = sends(s.upstream_failed(succ.run_id, UpstreamError("down", status=503)))
+    evs = sends(s.handle(UpstreamFailed(succ.run_id, UpstreamError("down", status=503))))
     assert [e["type"] for e in evs] == ["error", "response.steer.failed"]
     assert evs[1]["error"]["code"] == "successor_creation_failed"
     assert evs[1]["steer"]["input"] == "please" and evs[1]["steer"]["id"].startswith("steer_")
@@ -184,11 +186,11 @@ def test_successor_failure_returns_the_steer_input() -> None:
 def test_cancel_before_created_mints_a_cancelled_terminal() -> None:
     s = make_session()
     start = the_start(create(s, stream_id="x"))
-    out = s.client_message(b'{"type": "response.cancel", "stream_id": "x"}')
+    out = s.handle(ClientMessage(b'{"type": "response.cancel", "stream_id": "x"}'))
     [ev] = sends(out)
     assert ev["type"] == "response.incomplete" and ev["response"]["status"] == "cancelled"
     assert ev["stream_id"] == "x" and ev["sequence_number"] == 0
-    assert CancelUpstream(start.run_id) in out and not s.is_active(start.run_id)
+    assert CancelUpstream(start.run_id) in out and not is_active(s, start.run_id)
     assert len(s.cache) == 0
 
 
@@ -196,7 +198,7 @@ def test_lifetime_closes_only_when_idle() -> None:
     s = make_session(limits=SessionLimits())
     start = the_start(create(s))
     feed(s, start.run_id, [created("r1")])
-    assert s.lifetime_over() == []  # a response is in flight
+    assert s.handle(LifetimeOver()) == []  # a response is in flight
     assert create(s) == [RunCreated(2)]  # nothing new starts now
     out = feed(
         s,
@@ -224,7 +226,7 @@ def test_successor_rejected_at_start_fails_the_steer() -> None:
     s = make_context_session(context_window=3000)
     start = the_start(send_create(s, input=[user("go")], stream_id="L"))
     feed(s, start.run_id, [created("r1"), added(1, 0), delta(2)])
-    [accepted] = sends(s.client_message(steer("r1", "x" * 5000)))
+    [accepted] = sends(s.handle(ClientMessage(steer("r1", "x" * 5000))))
     assert accepted["type"] == "response.steer.accepted"
     out = feed(s, start.run_id, [done(3, 0, MSG)])
     evs = sends(out)
@@ -262,10 +264,10 @@ class _RefusesAfterFirst(ResponsesDialect):
 
 def test_successor_refused_by_the_dialect_fails_the_steer() -> None:
     s = make_session()
-    s.policy = replace(s.policy, dialect=_RefusesAfterFirst())
+    s = replace(s, policy=replace(s.policy, dialect=_RefusesAfterFirst()))
     start = the_start(create(s))
     feed(s, start.run_id, [created("r1"), added(1, 0), done(2, 0, MSG)])
-    out = s.client_message(steer("r1", "please"))
+    out = s.handle(ClientMessage(steer("r1", "please")))
     evs = sends(out)
     assert [e["type"] for e in evs] == [
         "response.steer.accepted",
@@ -284,7 +286,7 @@ def test_successor_is_announced_before_it_starts() -> None:
     s = make_session()
     start = the_start(create(s))
     feed(s, start.run_id, [created("r1"), added(1, 0), done(2, 0, MSG)])
-    out = s.client_message(steer("r1"))
+    out = s.handle(ClientMessage(steer("r1")))
     succ = the_start(out)
     kinds = [type(a) for a in out]
     assert RunCreated(succ.run_id) in out
@@ -299,7 +301,7 @@ def test_explicit_create_after_pending_rejected_at_start_fails_the_steers() -> N
     s = make_context_session(context_window=3000)
     start = the_start(send_create(s, input=[user("go")]))
     feed(s, start.run_id, [created("r1"), added(1, 0, "function_call")])
-    s.client_message(steer("r1", "y" * 5000))
+    s.handle(ClientMessage(steer("r1", "y" * 5000)))
     final = {"id": "r1", "status": "completed", "output": [CALL]}
     done_ev = {"type": "response.completed", "sequence_number": 3, "response": final}
     out = feed(s, start.run_id, [done(2, 0, CALL), done_ev])
