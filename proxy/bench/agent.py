@@ -64,7 +64,8 @@ _WORDS = (
 
 @dataclass(frozen=True)
 class AgentProfile:
-    """The default is the issue's "coding-agent" profile."""
+    """The default is the coding-agent loop the targets are set for (README, "agent-loop"):
+    30 tool calls of 8 KiB outputs after a 20 KiB first prompt."""
 
     tool_calls: int = 30
     tool_output_bytes: int = 8 * 1024
