@@ -357,7 +357,7 @@ def soak(
     sys.exit(1 if failed else 0)
 
 
-# ---- wsmode bench (issue 6) ----
+# ---- wsmode bench: the benchmarks and their targets (proxy/bench/) ----
 
 
 @main.command()

@@ -48,58 +48,69 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
+    # ---- listening: address, processes sharing the port, TLS
     host: str = "127.0.0.1"
     port: int = 8080
-    max_message_bytes: int = 16 * MiB  # larger client frames close the socket with 1009
-    compression: bool = False  # permessage-deflate; costly on large frames
-    connection_lifetime_seconds: float = 3600.0  # then websocket_connection_limit_reached
-    log_level: str = "INFO"
-    # ---- operations (issue 7)
-    log_format: str = "text"  # text or json
-    max_connections: int = 4096  # open WebSocket connections; beyond it an upgrade gets 503
-    ping_interval: float = 30.0  # server pings; a peer silent for 1.5x this is reaped; 0: off
-    outbound_buffer_bytes: int = 1 * MiB  # per connection, queued for a client not reading
-    send_timeout: float = 30.0  # a response blocked this long on a full buffer is cancelled
-    drain_grace_seconds: float = 30.0  # on SIGTERM, how long in-flight responses may finish
-    metrics: bool = True  # serve Prometheus metrics on /metrics
     workers: int = 1  # processes sharing the port (SO_REUSEPORT); state and limits per worker
     reuse_port: bool = False  # let several processes listen on the port (workers set it)
-    # ---- hardening (issue 11): cross-site use, descriptors, one client's share of the loop
-    allowed_origins: tuple[str, ...] = ()  # browser origins allowed in; others get 403
-    cors_origins: tuple[str, ...] = ()  # origins that also get CORS headers and preflights
-    allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides loopback ones
-    header_timeout: float = 30.0  # a request's headers must arrive within this; idle too
-    body_timeout: float = 60.0  # a body the proxy reads whole must arrive within this; 0: off
-    max_frames_per_second: float = 1000.0  # per connection; past it its reading slows; 0: off
-    max_bytes_per_second: int = 64 * MiB  # per connection, the same for bytes; 0: off
-    log_repeat_limit: int = 20  # WARNING+ lines per message per 10 s, then suppressed; 0: off
-    # ---- native TLS (issue 14): PEM files; both set: the listener speaks TLS (wss://, https://)
+    # native TLS, PEM files; both set: the listener speaks TLS (wss://, https://)
     tls_cert_file: str = ""  # certificate chain; may hold the key too
     tls_key_file: str = ""  # private key, unless it is in tls_cert_file
     # once listening, write the base URL here (the Docker image's health check reads it); "": no
     listen_file: str = ""
+    # ---- frames and buffers
+    max_message_bytes: int = 16 * MiB  # larger client frames close the socket with 1009
+    compression: bool = False  # permessage-deflate; costly on large frames
+    outbound_buffer_bytes: int = 1 * MiB  # per connection, queued for a client not reading
+    # ---- timeouts
+    connection_lifetime_seconds: float = 3600.0  # then websocket_connection_limit_reached
+    ping_interval: float = 30.0  # server pings; a peer silent for 1.5x this is reaped; 0: off
+    send_timeout: float = 30.0  # a response blocked this long on a full buffer is cancelled
+    header_timeout: float = 30.0  # a request's headers must arrive within this; idle too
+    body_timeout: float = 60.0  # a body the proxy reads whole must arrive within this; 0: off
+    drain_grace_seconds: float = 30.0  # on SIGTERM, how long in-flight responses may finish
+    # ---- connection limits: how many, and one client's share of the event loop
+    max_connections: int = 4096  # open WebSocket connections; beyond it an upgrade gets 503
+    max_frames_per_second: float = 1000.0  # per connection; past it its reading slows; 0: off
+    max_bytes_per_second: int = 64 * MiB  # per connection, the same for bytes; 0: off
+    # ---- cross-site policy: browser origins, CORS, Host names
+    allowed_origins: tuple[str, ...] = ()  # browser origins allowed in; others get 403
+    cors_origins: tuple[str, ...] = ()  # origins that also get CORS headers and preflights
+    allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides loopback ones
+    # ---- logging and metrics
+    log_level: str = "INFO"
+    log_format: str = "text"  # text or json
+    log_repeat_limit: int = 20  # WARNING+ lines per message per 10 s, then suppressed; 0: off
+    metrics: bool = True  # serve Prometheus metrics on /metrics
 
 
 @dataclass(frozen=True, slots=True)
 class UpstreamSettings:
+    # ---- the model server: where, which API, whose credential, its context window
     url: str = ""  # empty: front the built-in simulated model
     api: str = "responses"
+    api_key: str = field(default="", metadata=SECRET)  # set: replaces the client's credential
+    context_window: int = 0  # tokens; 0 = unknown (no truncation, no overflow check)
+    # ---- what is sent: the rebuilt request, or the upstream's own previous_response_id
     store: bool = False  # the `store` sent upstream on rebuilt requests
     native_previous_response_id: bool = False
+    # ---- timeouts and sizes of one request
     connect_timeout: float = 10.0
     read_timeout: float = 300.0  # longest silence mid-stream; there is no total timeout
     max_event_bytes: int = 64 * MiB  # one SSE event (a response.completed can be large)
     max_error_body_bytes: int = 64 * 1024
+    # ---- concurrency, per replica: requests in flight, and those waiting for one
     max_connections: int = 256  # pooled HTTP connections = concurrent upstream requests
-    # ---- operations (issue 7)
     max_queued_requests: int = 1024  # requests waiting for one of max_connections
     queue_timeout: float = 30.0  # longest wait for a free upstream connection
-    api_key: str = field(default="", metadata=SECRET)  # set: replaces the client's credential
-    context_window: int = 0  # tokens; 0 = unknown (no truncation, no overflow check)
-    # ---- the upstream pool (issue 13, docs/pool.md): several replicas of one model server
+    # ---- several replicas of one model server (docs/pool.md): where a conversation goes
     urls: tuple[str, ...] = ()  # base URLs of the replicas; `url` alone is a pool of one
     affinity: str = "conversation"  # or "none": least-loaded, ties round-robin
     load_bound: float = 1.25  # a new chain skips a replica above ceil(this x average); 0: off
+    session_header: str = "x-session-id"  # the chain's key as a header upstream; "": none
+    session_key_in_body: bool = True  # ... and as prompt_cache_key when the client set none
+    llamacpp_slots: int = 0  # > 0: pin each chain to llama.cpp slot hash(chain) % this
+    # ---- the replicas' health: active checks, passive ejection
     health_path: str = "models"  # GET, resolved against each base URL (RFC 3986)
     health_interval: float = 5.0  # seconds between active checks; 0: no active checks
     health_timeout: float = 2.0  # one check's time limit
@@ -107,9 +118,6 @@ class UpstreamSettings:
     unhealthy_threshold: int = 2  # consecutive failed checks that make it unhealthy
     eject_after_failures: int = 3  # consecutive request failures (connect, 5xx); 0: never
     eject_seconds: float = 30.0  # how long an ejected replica gets no requests
-    session_header: str = "x-session-id"  # the chain's key as a header upstream; "": none
-    session_key_in_body: bool = True  # ... and as prompt_cache_key when the client set none
-    llamacpp_slots: int = 0  # > 0: pin each chain to llama.cpp slot hash(chain) % this
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -130,13 +138,15 @@ class CacheSettings:
 
 @dataclass(frozen=True, slots=True)
 class StoreSettings:
+    # ---- whether responses are stored, where, and for how long
     enabled: bool = True
+    # "memory" (this process) or "redis" (shared by replicas and workers; docs/store.md)
+    backend: str = "memory"
+    ttl_seconds: float = 86_400.0
+    # ---- the memory backend's bounds (they bound nothing else)
     max_entries: int = 100_000
     max_bytes: int = 1024 * MiB
-    ttl_seconds: float = 86_400.0
-    # where stored responses live: "memory" (this process) or "redis" (shared by replicas
-    # and workers; docs/store.md). max_entries and max_bytes bound the memory backend only
-    backend: str = "memory"
+    # ---- the Redis backend
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_timeout: float = 0.5  # seconds a turn may wait on Redis, per round trip
 
@@ -145,22 +155,27 @@ class StoreSettings:
 class SidecarSettings:
     """`wsmode sidecar`: plain HTTP in on localhost, WebSocket mode out to a remote server."""
 
+    # ---- listening
     host: str = "127.0.0.1"
     port: int = 8090
+    # ---- the remote server and the credential sent to it
     upstream: str = ""  # base URL of the WebSocket-mode server, ending in /v1 (required)
+    # sent to the upstream in place of the client's credential (and of the proxy key, when
+    # [auth] is on: that key is the sidecar's own and never goes upstream); "": the client's
+    api_key: str = field(default="", metadata=SECRET)
+    # ---- timeouts and sizes
     connect_timeout: float = 10.0  # TCP, TLS and the WebSocket upgrade
     read_timeout: float = 300.0  # longest silence while waiting for the next upstream event
     max_request_bytes: int = 64 * MiB  # largest HTTP request body from a client
     max_message_bytes: int = 64 * MiB  # largest WebSocket message from the upstream
+    # ---- pooled connections to the remote server
     max_connections: int = 32  # pooled upstream WebSockets, across all credentials
     idle_timeout: float = 300.0  # close a pooled WebSocket idle this long; 0 keeps it
     refusal_memory: float = 600.0  # after an upgrade refused with 404/426, HTTP this long
+    max_http_connections: int = 64  # pooled HTTP connections for routes sent over HTTP
+    # ---- conversations remembered, to send only what is new
     max_credentials: int = 64  # credentials whose chains are remembered
     chains_per_credential: int = 256  # chains remembered per credential
-    max_http_connections: int = 64  # pooled HTTP connections for routes sent over HTTP
-    # sent to the upstream in place of the client's credential (and of the proxy key, when
-    # [auth] is on: that key is the sidecar's own and never goes upstream); "": the client's
-    api_key: str = field(default="", metadata=SECRET)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,19 +187,23 @@ class AuthSettings:
 
 @dataclass(frozen=True, slots=True)
 class UsageSettings:
+    # ---- where the records go
     jsonl_path: str = ""  # append one JSON record per response to this file
     webhook_url: str = field(default="", metadata=SECRET)  # or POST batches of records here
+    webhook_timeout: float = 10.0
+    # ---- queueing and batching
     queue_size: int = 10_000  # records waiting for the writer; beyond it they are dropped
     batch_size: int = 100  # records per write or POST
-    webhook_timeout: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
 class GuardSettings:
     """`[guards]`: checks of each turn's new input (docs/guards.md)."""
 
+    # ---- checks of the input itself
     max_new_input_bytes: int = 0  # 0: no limit
     deny_patterns: tuple[str, ...] = ()  # regular expressions, case-insensitive
+    # ---- a moderation endpoint
     moderation_url: str = ""  # an OpenAI-compatible /v1/moderations; "": off
     moderation_model: str = "omni-moderation-latest"
     moderation_api_key: str = field(default="", metadata=SECRET)
@@ -209,8 +228,10 @@ class GuardSettings:
 class ConsoleSettings:
     """`[console]`: the browser console at /console (README, "Console")."""
 
+    # ---- whether it is on, and what it shows
     enabled: bool | str = "auto"  # "auto": on only when server.host is a loopback address
     show_content: bool = False  # show the text of inputs and outputs (off: sizes only)
+    # ---- its feed and snapshots
     ring_size: int = 500  # recent events a page that opens the feed gets first
     max_subscribers: int = 8  # console pages open at once; one more gets 503
     subscriber_queue: int = 256  # events waiting for a slow page; past it that page is dropped

@@ -1,5 +1,6 @@
-"""Scenario "affinity" (issue 13): conversations over several model-server replicas that each
-keep a prefix cache, routed four ways, side by side in one run.
+"""Scenario "affinity": conversations over several model-server replicas that each keep a
+prefix cache (the upstream pool, `upstream.urls` and `upstream.affinity`), routed four ways,
+side by side in one run.
 
 N conversations run at once, each M turns with a growing history (a shared instructions
 prompt, then per turn a new user message of `turn_tokens` and the model's short answer),
@@ -18,15 +19,12 @@ time per replica, before the first event). The contenders, each on fresh replica
 
 Reported per contender: time to first token (the first output delta) p50/p99 over every turn,
 the turn time p50, the run's wall time, and the cached share of prompt tokens (what the
-replicas reported in usage). The wsmode contenders need the upstream pool (`upstream.urls`,
-`upstream.affinity`); a wsmode without it gets the two contenders marked not run and the
-scenario's `errors` say why, which makes `wsmode bench` exit with an error.
+replicas reported in usage).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import random
 import sys
 import time
@@ -228,20 +226,6 @@ def ws_conversation(url: str) -> Conversation:
     return converse
 
 
-def pool_missing() -> str | None:
-    """Why wsmode cannot front several replicas (no upstream pool keys), or None."""
-    from ..config import UpstreamSettings
-
-    names = {f.name for f in dataclasses.fields(UpstreamSettings)}
-    missing = [f"upstream.{k}" for k in ("urls", "affinity") if k not in names]
-    if not missing:
-        return None
-    return (
-        f"this wsmode has no {' / '.join(missing)} (the upstream pool of issue 13), so it "
-        "cannot front several replicas: the wsmode contenders were not run"
-    )
-
-
 def _sim_env(p: AffinityProfile, cache_tokens: int) -> dict[str, str]:
     env = sim_env(
         ttft_ms=p.ttft_ms,
@@ -354,7 +338,6 @@ def _ratio(a: Any, b: Any) -> float | None:
 
 
 async def run(p: AffinityProfile, log: Callable[[str], None]) -> dict[str, Any]:
-    missing = pool_missing()
     out: dict[str, Any] = {
         "profile": asdict(p),
         "working_set_tokens": p.working_set_tokens(),
@@ -362,16 +345,10 @@ async def run(p: AffinityProfile, log: Callable[[str], None]) -> dict[str, Any]:
         "contenders": {},
         "errors": [],
     }
-    if missing:
-        log(f"  ERROR: {missing}")
-        out["errors"].append(missing)
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=p.turn_timeout)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         for name in CONTENDERS:
-            if missing and name.startswith("wsmode"):
-                out["contenders"][name] = {"not_run": missing}
-                continue
             r = await run_contender(name, p, session)
             out["contenders"][name] = r
             if r["errors"]:

@@ -9,7 +9,7 @@ run (A B C A B C ...):
 - ws-wsmode: WebSocket mode through `wsmode serve`: each turn sends only the tool output
   and `previous_response_id`;
 - http-sidecar: the same HTTP client pointed at a local `wsmode sidecar`, which holds a
-  WebSocket-mode connection to `wsmode serve` (only when the `sidecar` command exists).
+  WebSocket-mode connection to `wsmode serve` (left out, with a note, if it fails to start).
 
 The link sits between the client side (the agent, and the sidecar) and the server side (the
 model for http-direct; wsmode for the others); wsmode to the model is loopback. The ideal is
@@ -37,7 +37,6 @@ from .link import WAN_HOST, NetemLink, ShimLink
 from .procs import (
     BenchError,
     Servers,
-    cli_has_command,
     sim_env,
     start_proxy,
     start_sidecar,
@@ -65,7 +64,8 @@ _WORDS = (
 
 @dataclass(frozen=True)
 class AgentProfile:
-    """The default is the issue's "coding-agent" profile."""
+    """The default is the coding-agent loop the targets are set for (README, "agent-loop"):
+    30 tool calls of 8 KiB outputs after a 20 KiB first prompt."""
 
     tool_calls: int = 30
     tool_output_bytes: int = 8 * 1024
@@ -261,15 +261,12 @@ async def run_cells(
             HTTP_DIRECT: lambda: http_loop(f"http://{dh}:{dp}/v1/responses", profile),
             WS_WSMODE: lambda: ws_loop(f"ws://{ph}:{pp}/v1/responses", profile),
         }
-        if cli_has_command("sidecar"):
-            try:
-                sidecar = await start_sidecar(servers, f"http://{ph}:{pp}/v1")
-                url = f"{sidecar.base}/v1/responses"
-                runners[HTTP_SIDECAR] = lambda: http_loop(url, profile)
-            except BenchError as exc:
-                notes.append(f"http-sidecar skipped: {exc}")
-        else:
-            notes.append("http-sidecar skipped: this wsmode has no `sidecar` command yet")
+        try:
+            sidecar = await start_sidecar(servers, f"http://{ph}:{pp}/v1")
+            url = f"{sidecar.base}/v1/responses"
+            runners[HTTP_SIDECAR] = lambda: http_loop(url, profile)
+        except BenchError as exc:
+            notes.append(f"http-sidecar skipped: {exc}")
         results = []
         for cell in cells:
             await link.set(cell.rtt_ms, cell.uplink_mbit)

@@ -1,5 +1,5 @@
 """Scenario "fairness": one client floods its socket with small frames; another client's
-turn latency, with the flood and without it (issue 11: the target is at most 2x).
+turn latency, with the flood and without it (the target: flooded at most 2x alone).
 
 One `wsmode serve` process in front of the simulated model (answers at once). The measured
 client runs turns one after another on its own connection, in phases: alone, then while a

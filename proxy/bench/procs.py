@@ -53,22 +53,6 @@ def wsmode_command(args: Sequence[str], loop: str = "asyncio") -> list[str]:
     return [sys.executable, "-m", "wsmode", *args]
 
 
-def cli_has_command(name: str) -> bool:
-    from ..cli import main
-
-    return name in main.commands
-
-
-def cli_options(name: str) -> set[str]:
-    """The long option names of a `wsmode` sub-command (empty if it does not exist)."""
-    from ..cli import main
-
-    cmd = main.commands.get(name)
-    if cmd is None:
-        return set()
-    return {opt for p in cmd.params for opt in getattr(p, "opts", []) if opt.startswith("--")}
-
-
 def cpu_ns(pid: int) -> int:
     """CPU time used so far by every thread of `pid`, in nanoseconds."""
     total = 0
@@ -235,14 +219,7 @@ async def start_bare(servers: Servers, upstream: str, host: str = "127.0.0.1") -
 
 
 async def start_sidecar(servers: Servers, upstream: str, host: str = "127.0.0.1") -> Server:
-    """`wsmode sidecar --upstream URL` (issue 5), on a port of ours when it takes `--port`."""
-    opts = cli_options("sidecar")
+    """`wsmode sidecar --upstream URL`, on a host and port of ours."""
     port = free_port(host)
-    args = ["sidecar", "--upstream", upstream]
-    if "--host" in opts:
-        args += ["--host", host]
-    if "--port" in opts:
-        args += ["--port", str(port)]
-    else:
-        raise BenchError("wsmode sidecar has no --port option; cannot place it for the bench")
+    args = ["sidecar", "--upstream", upstream, "--host", host, "--port", str(port)]
     return await servers.start("sidecar", wsmode_command(args), host, port)

@@ -42,7 +42,7 @@ class Plan:
     call_sizes: tuple[int, int] = (20_000, 4_000_000)  # history bytes, tool-output check
     fairness: tuple[int, int] = (40, 3)  # turns per phase, alone/flooded repetitions
     rounds: int = 5  # overhead: the samples cut into this many rounds, one ratio each
-    affinity: AffinityProfile = affinity.DEFAULT  # conversations over replicas (issue 13)
+    affinity: AffinityProfile = affinity.DEFAULT  # conversations over upstream replicas
 
     def cells(self) -> list[Cell]:
         out = [Cell(*self.main, self.main_reps)]

@@ -1,6 +1,7 @@
 """Operations, applied to the whole app: request ids, auth, limits, drain, metrics, bugs.
 
-`install(app, settings)` adds one middleware that every route gets, present and future:
+`install(app, settings, budget, pool)` adds one middleware that every route gets, present
+and future:
 
 0. the Origin and Host policy (`origin.py`): a browser request from an origin not allowed,
    or for a Host that is not the proxy's, gets 403; OPTIONS is answered here, never
@@ -71,6 +72,18 @@ class Drainable(Protocol):
     def begin_drain(self, grace: float) -> None: ...
 
     def queued_creates(self) -> int: ...
+
+
+class UpstreamLoad(Protocol):
+    """The upstream requests of every replica now, for `wsmode_upstream_requests`
+    (upstream/pool.py's `UpstreamPool` is one): a protocol, so that `ops/` and `upstream/` do
+    not import each other."""
+
+    @property
+    def active(self) -> int: ...
+
+    @property
+    def waiting(self) -> int: ...
 
 
 @dataclass(eq=False)
@@ -296,7 +309,7 @@ async def metrics_handler(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
-def _state_families(ops: Ops, budget: CacheBudget, gate: Any) -> Iterable[Metric]:
+def _state_families(ops: Ops, budget: CacheBudget, pool: UpstreamLoad) -> Iterable[Metric]:
     yield from cache_families(
         budget,
         ops.metrics.cache_totals,
@@ -312,18 +325,21 @@ def _state_families(ops: Ops, budget: CacheBudget, gate: Any) -> Iterable[Metric
     inflight = GaugeMetricFamily(
         "wsmode_upstream_requests", "Upstream requests now.", labels=["state"]
     )
-    inflight.add_metric(["active"], gate.active)
-    inflight.add_metric(["waiting"], gate.waiting)
+    inflight.add_metric(["active"], pool.active)
+    inflight.add_metric(["waiting"], pool.waiting)
     yield inflight
 
 
-def install(app: web.Application, settings: Settings, budget: CacheBudget, gate: Any) -> Ops:
-    """Wire operations into `app` (before it is frozen). Raises ConfigError on bad auth."""
+def install(
+    app: web.Application, settings: Settings, budget: CacheBudget, pool: UpstreamLoad
+) -> Ops:
+    """Wire operations into `app` (before it is frozen), its scrape-time gauges reading the
+    response caches' `budget` and the upstream `pool`. Raises ConfigError on bad auth."""
     metrics = Metrics()
     usage = UsageSink(settings.usage, metrics) if UsageSink.enabled(settings.usage) else None
     ops = Ops(settings, metrics, Authenticator.from_settings(settings.auth), usage)
     app[OPS] = ops
-    metrics.add_state(lambda: _state_families(ops, budget, gate))
+    metrics.add_state(lambda: _state_families(ops, budget, pool))
     app.middlewares.append(ops_middleware)
     app.on_response_prepare.append(_add_request_id)
     if settings.server.metrics:

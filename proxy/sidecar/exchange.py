@@ -2,8 +2,8 @@
 
 It picks the socket (the one holding the conversation's last response for a continuation,
 else a socket for a new conversation), sends the continuation or the full request, reads
-the socket (it is the socket's only reader while it holds it) and executes the relay's
-actions. Any `NoSocket` along the way sends the request over plain HTTP instead.
+the socket (it is the socket's only reader while it holds it) and carries out the relay's
+steps. Any `NoSocket` along the way sends the request over plain HTTP instead.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..core.http_answer import Reply, Write
 from ..core.urls import redact_url
 from .chains import ChainMemory, Plan
 from .pool import NoSocket, SocketPool, UpstreamSocket
-from .relay import Action, Done, Relay, Resend, Retry
+from .relay import Done, Relay, RelayStep, Resend, Retry
 
 log = logging.getLogger("wsmode.sidecar")
 
@@ -120,40 +120,40 @@ class Exchange:
             try:
                 msg = await sock.ws.receive(timeout=self.read_timeout or None)
             except TimeoutError:
-                actions = self.relay.timed_out(self.read_timeout)
+                steps = self.relay.timed_out(self.read_timeout)
             else:
                 if msg.type is WSMsgType.TEXT:
-                    actions = self.relay.frame(msg.data)
+                    steps = self.relay.frame(msg.data)
                 elif msg.type in _CLOSED:
-                    actions = self.relay.closed()
+                    steps = self.relay.closed()
                 elif msg.type is WSMsgType.BINARY:
-                    actions = self.relay.invalid("the upstream sent a binary frame")
+                    steps = self.relay.invalid("the upstream sent a binary frame")
                 elif msg.type is WSMsgType.ERROR:
-                    actions = self.relay.invalid(f"WebSocket error from the upstream: {msg.data}")
+                    steps = self.relay.invalid(f"WebSocket error from the upstream: {msg.data}")
                 else:
                     continue
-            outcome = await self._execute(actions)
+            outcome = await self._execute(steps)
             if outcome is not None or self.done is not None:
                 return outcome
 
-    async def _execute(self, actions: list[Action]) -> Resend | None:
-        for action in actions:
-            match action:
+    async def _execute(self, steps: list[RelayStep]) -> Resend | None:
+        for step in steps:
+            match step:
                 case Write():
-                    if action.start:
+                    if step.start:
                         response = web.StreamResponse(status=200, headers=SSE_HEADERS)
                         await response.prepare(self.request)
                         self.response = response
                     assert self.response is not None
-                    await self.response.write(action.data)
+                    await self.response.write(step.data)
                 case Reply():
-                    self.reply = action
+                    self.reply = step
                 case Done():
-                    self.done = action
+                    self.done = step
                 case Retry():
-                    return action.how
+                    return step.how
                 case _:
-                    assert_never(action)
+                    assert_never(step)
         return None
 
     async def _answer(self) -> web.StreamResponse:

@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 The adapter sends the request on a socket, then feeds in what happens: each text frame
 (`frame`), the socket closing (`closed`), a silence longer than the read timeout
-(`timed_out`), a frame it cannot accept (`invalid`). It executes the actions that come back.
+(`timed_out`), a frame it cannot accept (`invalid`). It carries out the steps that come back
+(`RelayStep`: write SSE bytes, reply, retry, done).
 
 What the client gets is what the HTTP API would have answered (docs/protocol.md "HTTP SSE", "HTTP
 and WebSocket side by side"), and the same answer the HTTP front gives for the same events: the
@@ -63,9 +64,9 @@ class Done:
     keep_socket: bool
 
 
-# `Write`: SSE bytes (start the 200 event stream first when `start`); `Reply`: the whole
-# HTTP answer. Both come from `core.http_answer`.
-Action = Write | Reply | Retry | Done
+# What the adapter does next. `Write`: SSE bytes (start the 200 event stream first when
+# `start`); `Reply`: the whole HTTP answer. Both come from `core.http_answer`.
+RelayStep = Write | Reply | Retry | Done
 
 
 @dataclass
@@ -102,7 +103,7 @@ class Relay:
 
     # ------------------------------------------------------------ inputs
 
-    def frame(self, data: bytes) -> list[Action]:
+    def frame(self, data: bytes) -> list[RelayStep]:
         if self.outcome is not None:
             return []
         data = data.strip()
@@ -119,16 +120,16 @@ class Relay:
         self._track_seq(data)
         return _written(self.answer.event(kind, data))
 
-    def closed(self) -> list[Action]:
+    def closed(self) -> list[RelayStep]:
         """The socket closed (or broke) before the response ended."""
         if not self.started:
             return [Retry(self._reopen())]
         return self._fail("upstream_unavailable", f"the connection to {self.upstream} closed")
 
-    def timed_out(self, seconds: float) -> list[Action]:
+    def timed_out(self, seconds: float) -> list[RelayStep]:
         return self._fail("upstream_timeout", f"{self.upstream} sent nothing for {seconds:g}s")
 
-    def invalid(self, why: str) -> list[Action]:
+    def invalid(self, why: str) -> list[RelayStep]:
         return self._fail("upstream_protocol_error", why)
 
     # ------------------------------------------------------------ internals
@@ -144,7 +145,7 @@ class Relay:
         if seq is not None:
             self.last_seq = seq
 
-    def _parsed(self, kind: str, data: bytes) -> list[Action]:
+    def _parsed(self, kind: str, data: bytes) -> list[RelayStep]:
         ev = wire.loads(data)
         if not isinstance(ev, dict):
             return self.invalid("the upstream sent a frame that is not a JSON object")
@@ -180,7 +181,7 @@ class Relay:
         outcome = kind.removeprefix("response.")
         return [*out, *self._reply(), self._done(outcome, outcome != "failed")]
 
-    def _error(self, ev: Any) -> list[Action]:
+    def _error(self, ev: Any) -> list[RelayStep]:
         if not isinstance(ev, dict):
             return self.invalid("the upstream sent an error that is not a JSON object")
         if not self.started:
@@ -197,12 +198,12 @@ class Relay:
         out = _written(self.answer.error(ev, self.last_seq + 1))
         return [*out, self._done("error", False)]
 
-    def _fail(self, code: str, message: str) -> list[Action]:
+    def _fail(self, code: str, message: str) -> list[RelayStep]:
         """A failure no frame says: the HTTP error, or after the event stream began the HTTP
         variant of the SSE error event; the socket's state is unknown."""
         return [self.answer.fail(code, message, self.last_seq + 1), self._done("failed", False)]
 
-    def _reply(self) -> list[Action]:
+    def _reply(self) -> list[RelayStep]:
         reply = self.answer.reply
         return [] if reply is None else [reply]
 
@@ -211,5 +212,5 @@ class Relay:
         return Done(outcome, keep)
 
 
-def _written(write: Write | None) -> list[Action]:
+def _written(write: Write | None) -> list[RelayStep]:
     return [] if write is None else [write]

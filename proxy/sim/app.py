@@ -36,10 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -50,79 +46,13 @@ from .chat import chat_completions
 from .events import response_events
 from .http import error, inject_fault, read_request
 from .model import count_tokens, input_items, plan, tokenize
-from .prefix_cache import Lookup, PrefixCache, prompt_bytes
+from .prefix_cache import PrefixCache
 from .settings import SimSettings
 
-
-@dataclass(frozen=True, slots=True)
-class Prefilled:
-    prompt: bytes | None  # as the prefix cache saw it; None: the prefix-cache model is off
-    cached: int  # prompt tokens found in the cache
-
-
-@dataclass
-class SimState:
-    settings: SimSettings
-    requests: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=10_000))
-    faults: deque[str] = field(default_factory=deque)
-    started: int = 0
-    completed: int = 0
-    cancelled: int = 0  # streams the client abandoned before the end
-    active: int = 0
-    peak_active: int = 0  # the most streams open at once
-    bytes_received: int = 0
-    tokenize_calls: int = 0
-    moderations: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=10_000))
-    last_headers: dict[str, str] = field(default_factory=dict)  # of the latest request
-    prefix_cache: PrefixCache | None = None  # built from the settings (__post_init__)
-    prefill_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one prefill at a time
-
-    def __post_init__(self) -> None:
-        cfg = self.settings
-        if cfg.prefix_cache_tokens > 0:
-            self.prefix_cache = PrefixCache(cfg.prefix_cache_tokens, cfg.prefix_cache_block_tokens)
-
-    async def prefill(self, instructions: Any, items: list[Any]) -> Prefilled:
-        """Look the prompt up in the prefix cache, wait for its uncached tokens to be
-        prefilled (one request at a time), then keep its blocks. Nothing at all (not even
-        the prompt's layout) while the prefix-cache model is off."""
-        cache = self.prefix_cache
-        speed = self.settings.prefill_tokens_per_second
-        if cache is None and speed <= 0:
-            return Prefilled(None, 0)
-        prompt = prompt_bytes(instructions, items)
-        found = cache.lookup(prompt) if cache is not None else Lookup(len(prompt) // 4, 0)
-        if speed > 0:
-            async with self.prefill_lock:
-                await asyncio.sleep((found.tokens - found.cached) / speed)
-        if cache is not None:
-            cache.insert(prompt)
-        return Prefilled(prompt, found.cached)
-
-    def answered(self, prefilled: Prefilled, output: Any) -> None:
-        """Keep the blocks of the prompt followed by the answer's items, as a server caching
-        the generated tokens does: the next turn's prompt starts with them."""
-        cache = self.prefix_cache
-        if cache is not None and prefilled.prompt is not None and isinstance(output, list):
-            cache.insert(prefilled.prompt + prompt_bytes(None, output))
-
-    @contextmanager
-    def streaming(self) -> Iterator[None]:
-        """Count one stream: open while inside, `cancelled` if the client left it."""
-        self.started += 1
-        self.active += 1
-        self.peak_active = max(self.peak_active, self.active)
-        try:
-            yield
-        except (asyncio.CancelledError, ConnectionResetError):
-            self.cancelled += 1
-            raise
-        finally:
-            self.active -= 1
-
-
-SIM_STATE = web.AppKey("sim_state", SimState)
-
+# The state lives in sim/state.py, which the endpoints' helpers import without this module;
+# it stays importable from here, where the tests and the fuzz harness take it.
+from .state import SIM_STATE as SIM_STATE
+from .state import SimState as SimState
 
 _DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
 # With tokens_per_second = 0 the stream is written as fast as possible: events are joined into

@@ -36,7 +36,7 @@ from .http import error, inject_fault, read_request
 from .model import Plan, ToolCall, plan
 
 if TYPE_CHECKING:
-    from .app import SimState
+    from .state import SimState
 
 _REASONING = ["Let", " me", " think", "."]
 

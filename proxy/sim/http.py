@@ -10,7 +10,7 @@ from aiohttp import web
 from ..core import wire
 
 if TYPE_CHECKING:
-    from .app import SimState
+    from .state import SimState
 
 
 def error(status: int, message: str, code: str | None, param: str | None = None) -> web.Response:

@@ -18,7 +18,7 @@ class SimSettings:
     # POST /v1/moderations flags an input containing this word (case-insensitive); "" never
     moderation_flag_word: str = "forbidden"
     moderation_delay_ms: float = 0.0  # how long the moderation endpoint takes to answer
-    # ---- prefix cache (issue 13, sim/prefix_cache.py): prefill time for uncached tokens
+    # ---- prefix cache (sim/prefix_cache.py): cached prompt tokens, prefill time for the rest
     prefill_tokens_per_second: float = 0.0  # per process, one prefill at a time; 0: no delay
     prefix_cache_tokens: int = 0  # the LRU's capacity in tokens; 0: no cache
     prefix_cache_block_tokens: int = 16  # tokens per cached block (vLLM's default)

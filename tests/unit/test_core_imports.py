@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "proxy"  # imported as `wsmode`
+from tests.unit.module_graph import PACKAGE, Module, module_of, package_imports, package_of
+
 CORE = PACKAGE / "core"
 FORBIDDEN = frozenset(
     {
@@ -72,52 +73,6 @@ def forbidden_imports(source: str) -> list[str]:
         for name in names:
             if name.split(".")[0] in FORBIDDEN:
                 found.append(f"{node.lineno}: {name}")
-    return found
-
-
-Module = tuple[str, ...]  # a module of the package by its parts below proxy/: ("core", "sse")
-
-
-def module_of(path: Path) -> Module:
-    parts = path.relative_to(PACKAGE).with_suffix("").parts
-    return parts[:-1] if parts[-1] == "__init__" else parts
-
-
-def package_of(path: Path) -> Module:
-    """The package relative imports in `path` start from: itself for an `__init__.py`."""
-    return module_of(path) if path.name == "__init__.py" else module_of(path)[:-1]
-
-
-def package_imports(source: str, package: Module) -> list[tuple[int, Module]]:
-    """(lineno, module) for every import of the package's own modules in `source`, written
-    in a module of `package`: relative imports resolved, and absolute `wsmode.*` ones.
-
-    `from .. import wire` names the module `wire` of the parent package; when the parent is
-    the top of the package, what follows `import` is the module. A relative import climbing
-    above the top resolves to `("..",)`, never inside anything.
-    """
-    found: list[tuple[int, Module]] = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                head, *rest = alias.name.split(".")
-                if head == "wsmode":
-                    found.append((node.lineno, tuple(rest)))
-        elif isinstance(node, ast.ImportFrom):
-            named = tuple(node.module.split(".")) if node.module else ()
-            if node.level == 0:
-                if named[:1] != ("wsmode",):
-                    continue
-                base = named[1:]
-            elif node.level - 1 > len(package):
-                found.append((node.lineno, ("..",)))
-                continue
-            else:
-                base = package[: len(package) - (node.level - 1)] + named
-            if node.module is None or not base:
-                found += [(node.lineno, (*base, alias.name)) for alias in node.names]
-            else:
-                found.append((node.lineno, base))
     return found
 
 

@@ -8,17 +8,17 @@ Each part of the package may import only the parts below it:
 `sim` (the simulated model) uses `core` only; `bench` is tooling and may use anything. `ops`
 and `upstream` are siblings and do not import each other: the runner reports timings through
 a protocol the tracker satisfies. A relative import that climbs out of a part is resolved to
-the part it lands in.
+the part it lands in; an absolute `wsmode.*` import counts alike. The imports are read by
+tests/unit/module_graph.py, the walker every import test shares.
 """
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "proxy"
+from tests.unit.module_graph import ABOVE_TOP, PACKAGE, dotted, package_imports
 
 ALLOWED: dict[str, frozenset[str]] = {
     "core": frozenset(),
@@ -51,26 +51,18 @@ UNRESTRICTED = frozenset({"cli", "bench", "__init__", "__main__"})
 
 
 def part_of(module: tuple[str, ...]) -> str:
-    return module[0]
+    return module[0] if module else "__init__"  # `import wsmode`: the package's own top
 
 
 def imported_parts(rel: tuple[str, ...], source: str) -> list[tuple[int, str, str]]:
-    """`(line, part, dotted target)` for each relative import in `source`, the module at
-    `rel` (its path in the package without `.py`, e.g. `("core", "session")`)."""
-    package = rel[:-1]
+    """`(line, part, dotted target)` for each import of the package's own modules in
+    `source`, the module at `rel` (its path in the package without `.py`, e.g.
+    `("core", "session")`)."""
     found: list[tuple[int, str, str]] = []
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.ImportFrom) or node.level == 0:
-            continue
-        up = node.level - 1
-        if up > len(package):
-            raise AssertionError(f"{'/'.join(rel)}:{node.lineno} climbs out of the package")
-        base = package[: len(package) - up]
-        target = (*base, *(node.module.split(".") if node.module else ()))
-        # `from . import x` at the package's top: each x is a part
-        targets = [target] if target else [(name.name,) for name in node.names]
-        for t in targets:
-            found.append((node.lineno, part_of(t), ".".join(t)))
+    for line, target in package_imports(source, rel[:-1]):
+        if target == ABOVE_TOP:
+            raise AssertionError(f"{'/'.join(rel)}:{line} climbs out of the package")
+        found.append((line, part_of(target), dotted(target)))
     return found
 
 

@@ -225,7 +225,8 @@ class ResponsesStream:
         raise UpstreamError(
             str(inner.get("message") or "upstream reported an error"),
             started=True,
-            # an error status, or 500 (bool is an int to Python; found by fuzzing, issue 7)
+            # 4xx/5xx, else 500: the fuzz tests' upstream sent `"status": true` and 200 (and
+            # `True` is an int to Python, hence `type(status) is int`)
             status=status if type(status) is int and 400 <= status <= 599 else 500,
             code=inner.get("code") if isinstance(inner.get("code"), str) else "server_error",
             param=inner.get("param") if isinstance(inner.get("param"), str) else None,
