@@ -1,5 +1,5 @@
 """The Docker image's configuration, checked without Docker: the Dockerfile's own ENV lines
-and HEALTHCHECK command, its base file, and the README's production example, as the image
+and HEALTHCHECK command, its base file, and docs/deployment.md's production example, as the image
 would use them. (No image is built: the machine that runs the suite need not have Docker.)"""
 
 from __future__ import annotations
@@ -97,8 +97,8 @@ async def test_the_health_check_follows_the_port_flag(tmp_path: Path) -> None:
 
 
 def _production_example() -> str:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Docker\n") :]
+    doc = (ROOT / "docs" / "deployment.md").read_text()
+    section = doc[doc.index("## Docker\n") :]
     return next(b for b in re.findall(r"```sh\n(.*?)```", section, re.S) if "docker run -d" in b)
 
 
