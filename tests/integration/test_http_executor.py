@@ -1,6 +1,6 @@
-"""The HTTP front's executor (`HttpExchange.execute`) over the shared runner, against a
-scripted upstream: `CancelUpstream` stops reading the request's only run and closes its
-upstream request, a run that simply ends is drained, and `Close` is refused as a bug."""
+"""The one executor (proxy/executor.py) with the HTTP front's hooks, over the shared runner,
+against a scripted upstream: `CancelUpstream` stops reading the request's only run and closes
+its upstream request, a run that simply ends is drained, and `Close` is refused as a bug."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 from wsmode.app import create_app
 from wsmode.config import load_settings
-from wsmode.core.actions import Action, CancelUpstream, Close, StartUpstream
-from wsmode.core.events import ClientMessage
-from wsmode.core.sse import SSEEvent
+from wsmode.core.actions import Action, CancelUpstream, Close
+from wsmode.core.events import ClientMessage, Event, UpstreamChunk
+from wsmode.executor import Leave
 from wsmode.http_front.responses import HttpExchange
 from wsmode.runtime import APP_STATE
-from wsmode.upstream.runner import Abandon
 
 from tests.unit.session_helpers import assistant, created, is_active, item_done, terminal
 
@@ -91,16 +90,16 @@ async def test_cancel_upstream_stops_reading_the_run() -> None:
     upstream = ScriptedUpstream(EVENTS)
     ex = _exchange(upstream)
     session = ex.session
-    real = session.upstream_event
+    real = session.handle
 
-    def cancelling(run_id: int, event: SSEEvent) -> list[Action]:
+    def cancelling(event: Event) -> list[Action]:
         # the session ends the run from inside its stream, as a steer boundary would
-        out = real(run_id, event)
-        if is_active(session, run_id):
-            out += session.handle(ClientMessage(b'{"type": "response.cancel"}'))
+        out = real(event)
+        if isinstance(event, UpstreamChunk) and is_active(session, event.run_id):
+            out += real(ClientMessage(b'{"type": "response.cancel"}'))
         return out
 
-    session.upstream_event = cancelling  # type: ignore[method-assign]
+    session.handle = cancelling  # type: ignore[method-assign]
     await ex.run(dict(BODY))
     assert upstream.left == "abandoned"  # closed, not drained
     assert upstream.read == 1  # nothing read past the batch that cancelled
@@ -109,15 +108,19 @@ async def test_cancel_upstream_stops_reading_the_run() -> None:
 
 async def test_cancel_upstream_drops_a_start_not_yet_running() -> None:
     ex = _exchange(ScriptedUpstream([]))
-    ex.pending = [StartUpstream(3, [b"{}"], "/responses")]
-    await ex.execute([CancelUpstream(3)])  # no runner is reading run 3: nothing to leave
+
+    async def never() -> None:
+        raise AssertionError("a cancelled start ran")
+
+    ex.pending = [(3, never)]
+    # no runner is reading run 3: nothing to leave
+    assert await ex.executor.execute([CancelUpstream(3)]) is Leave.STAY
     assert ex.pending == []
-    ex.running = 4
-    with pytest.raises(Abandon):
-        await ex.execute([CancelUpstream(4)])
+    # the run whose events are being executed: its stream is left, closed
+    assert await ex.executor.execute([CancelUpstream(4)], run_id=4) is Leave.CLOSE
 
 
 async def test_close_is_a_bug_over_http() -> None:
     ex = _exchange(ScriptedUpstream([]))
     with pytest.raises(RuntimeError):
-        await ex.execute([Close(1001, "connection lifetime reached")])
+        await ex.executor.execute([Close(1001, "connection lifetime reached")])
