@@ -226,7 +226,7 @@ class GuardSettings:
 
 @dataclass(frozen=True, slots=True)
 class ConsoleSettings:
-    """`[console]`: the browser console at /console (README, "Console")."""
+    """`[console]`: the browser console at /console (docs/console.md)."""
 
     # ---- whether it is on, and what it shows
     enabled: bool | str = "auto"  # "auto": on only when server.host is a loopback address

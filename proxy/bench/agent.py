@@ -64,7 +64,7 @@ _WORDS = (
 
 @dataclass(frozen=True)
 class AgentProfile:
-    """The default is the coding-agent loop the targets are set for (README, "agent-loop"):
+    """The default is the coding-agent loop the targets are set for (docs/bench.md, "The scenarios"):
     30 tool calls of 8 KiB outputs after a 20 KiB first prompt."""
 
     tool_calls: int = 30

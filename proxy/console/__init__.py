@@ -1,1 +1,1 @@
-"""The browser console: a page served by wsmode itself, and its live feed (README, "Console")."""
+"""The browser console: a page served by wsmode itself, and its live feed (docs/console.md)."""

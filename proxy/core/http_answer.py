@@ -13,10 +13,10 @@ terminal events are parsed; every other event is looked at by its type alone, so
 that make up most of a stream cost one bytes join. A caller that has parsed the event anyway
 passes it (`ev`) and nothing is parsed twice. The HTTP front, whose events come from its own
 session, passes what they mean typed (`sent`: the `ProxyError` of an error, the response
-object of a terminal event) and nothing is parsed at all. A failure the caller detects itself (a socket
-that closed, a silence) goes in through `fail`. What comes back is a `Write`: SSE bytes,
-`start` set on the first, when the adapter starts the 200 event stream. At the end `final()`
-is the whole answer (`Reply`) unless an event stream was started.
+object of a terminal event) and nothing is parsed at all. A failure the caller detects
+itself (a socket that closed, a silence) goes in through `fail`. What comes back is a
+`Write`: SSE bytes, `start` set on the first, when the adapter starts the 200 event stream.
+At the end `final()` is the whole answer (`Reply`) unless an event stream was started.
 
 What the client gets is what the HTTP API answers (docs/protocol.md "HTTP SSE"):
 

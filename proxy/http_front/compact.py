@@ -32,9 +32,9 @@ from ..core.ids import new_id
 from ..core.store import StoreUnavailable, owner_of
 from ..runtime import APP_STATE
 from . import passthrough
+from .responses import error_response, json_object
 
 log = logging.getLogger("wsmode.compaction")
-from .responses import error_response, json_object
 
 
 async def compact_response(request: web.Request) -> web.StreamResponse:

@@ -20,7 +20,6 @@ from typing import Any
 
 from ..core.actions import Finished, Outcome, RunCreated, StartUpstream
 from ..core.errors import UpstreamError
-from ..core.wire import is_int
 from .console_feed import ConsoleFeed, input_texts, output_texts
 from .metrics import Metrics
 from .usage import PendingRecord, UsageSink
@@ -147,7 +146,7 @@ class RunTracker:
             m.input_refusals.labels(action.refused).inc()
         if action.replica is not None and action.usage is not None:
             prompt = action.usage.get("input_tokens")
-            if is_int(prompt) and prompt >= 0:
+            if type(prompt) is int and prompt >= 0:  # a JSON integer (bool is not)
                 m.upstream_tokens.labels(action.replica, "prompt").inc(prompt)
             if action.cached_tokens is not None:
                 m.upstream_tokens.labels(action.replica, "cached").inc(action.cached_tokens)

@@ -30,7 +30,7 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 
-# Every code the proxy itself puts in an `error` event (README "Errors", docs/protocol.md "Errors").
+# Every code the proxy itself puts in an `error` event (docs/errors.md).
 PROXY_CODES = {
     "invalid_json",
     "unknown_event_type",

@@ -5,8 +5,7 @@ to its `codex` binary (e.g. after `npm install @openai/codex@0.169.0`, node_modu
 
 Two set-ups: a custom provider (`model_providers.local`, `supports_websockets = true`), and
 Codex's built-in OpenAI provider redirected with `openai_base_url`, which is the one that
-uses remote compaction (a `compaction_trigger` input item, README "Compaction and context
-windows").
+uses remote compaction (a `compaction_trigger` input item, docs/compaction.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A client that sends its request head and then trickles its body, or stops, gets 408
 `request_timeout` after `server.body_timeout` and its connection is closed: it cannot hold a
-handler and a descriptor for as long as it likes (README "Limits")."""
+handler and a descriptor for as long as it likes (docs/operations.md "Limits")."""
 
 from __future__ import annotations
 
