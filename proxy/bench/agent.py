@@ -64,8 +64,8 @@ _WORDS = (
 
 @dataclass(frozen=True)
 class AgentProfile:
-    """The default is the coding-agent loop the targets are set for (docs/bench.md, "The scenarios"):
-    30 tool calls of 8 KiB outputs after a 20 KiB first prompt."""
+    """The default is the coding-agent loop the targets are set for (docs/bench.md, "The
+    scenarios"): 30 tool calls of 8 KiB outputs after a 20 KiB first prompt."""
 
     tool_calls: int = 30
     tool_output_bytes: int = 8 * 1024
