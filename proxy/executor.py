@@ -53,11 +53,12 @@ from .core.events import (
     StoredSaved,
     SummaryDone,
     SummaryFailed,
+    UpstreamChunk,
     UpstreamFailed,
 )
 from .core.session import Session
 from .core.store import AsyncStore, StoreUnavailable
-from .ops.tracking import RunTracker
+from .ops.tracking import RunTrace, RunTracker
 from .upstream.runner import Runner
 from .upstream.tokenizer import TokenizeWorker
 
@@ -112,6 +113,7 @@ class Executor:
         self.store = store
         self.tokenizer = tokenizer
         self.responses = 0  # runs finished
+        self._relaying: RunTrace | None = None  # the trace of the run whose chunk is executed
 
     async def handle(self, event: Event, run_id: int | None = None) -> Leave:
         """Hand `event` to the session and execute what it returns."""
@@ -174,10 +176,9 @@ class Executor:
         return leave
 
     async def _send(self, frames: list[Send], run_id: int | None) -> None:
-        if run_id is not None:
-            trace = self.tracker.trace(run_id)
-            if trace is not None and trace.first_sent is None:
-                trace.delivered()  # the first event is handed to the client's writer
+        trace = self._relaying
+        if trace is not None and trace.first_sent is None:
+            trace.delivered()  # the upstream's first event is handed to the client's writer
         await self.front.send(frames, run_id)
 
     async def _save(self, action: SaveStored, run_id: int | None) -> Leave:
@@ -197,7 +198,12 @@ class Executor:
             async for report in call:
                 if isinstance(report, UpstreamFailed):
                     trace.failed(report.error)
-                leave = await self.handle(report, run_id)
+                # the time to first event is the upstream's events', not an error's
+                self._relaying = trace if isinstance(report, UpstreamChunk) else None
+                try:
+                    leave = await self.handle(report, run_id)
+                finally:
+                    self._relaying = None
                 if leave is Leave.CLOSE or self.front.leaving():
                     call.abandon()
                     return

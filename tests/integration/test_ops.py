@@ -216,17 +216,17 @@ async def test_a_bug_is_logged_with_traceback_and_closes_1011(
     from wsmode.core.session import Session
     from wsmode.http_front.responses import HttpExchange
 
-    real = Session.client_message
+    real = Session.handle
 
-    def planted(self: Session, data: str | bytes) -> Any:
-        if "boom" in str(data):
+    def planted(self: Session, event: Any) -> Any:
+        if "boom" in str(getattr(event, "data", "")):
             raise RuntimeError("planted bug")
-        return real(self, data)
+        return real(self, event)
 
     async def planted_http(self: HttpExchange, body: Any, nbytes: int = 0) -> Any:
         raise RuntimeError("planted http bug")
 
-    monkeypatch.setattr(Session, "client_message", planted)
+    monkeypatch.setattr(Session, "handle", planted)
     monkeypatch.setattr(HttpExchange, "run", planted_http)
     async with connect(proxy.ws) as healthy, connect(proxy.ws) as ws:
         await send(ws, create(input="boom"))

@@ -323,7 +323,8 @@ async def test_a_reused_response_id_never_overwrites_a_stored_chain(
     redis_server: RedisServer, proxy_factory: Callable[..., Awaitable[Proxy]]
 ) -> None:
     """A model server that names every response `resp_reused`: the first is stored, the
-    second is never written over it (the write is refused and counted), so the stored id
+    second is never written over it (the write is refused and counted, and that response
+    fails with `upstream_reused_response_id`, as with the in-process store), so the stored id
     still holds its own conversation on every replica."""
 
     async def reusing(request: web.Request) -> web.StreamResponse:
@@ -348,10 +349,12 @@ async def test_a_reused_response_id_never_overwrites_a_stored_chain(
         proxy = await proxy_factory(
             f"{upstream.base}/v1", store__backend="redis", store__redis_url=redis_server.url
         )
-        for text in ("alpha", "beta"):
-            body = {"model": "sim", "input": [user(text)]}
-            status, answer = await http_json("POST", f"{proxy.http}/responses", body)
-            assert status == 200 and answer["id"] == "resp_reused"
+        body = {"model": "sim", "input": [user("alpha")]}
+        status, answer = await http_json("POST", f"{proxy.http}/responses", body)
+        assert status == 200 and answer["id"] == "resp_reused"
+        body = {"model": "sim", "input": [user("beta")]}
+        status, answer = await http_json("POST", f"{proxy.http}/responses", body)
+        assert status == 502 and answer["error"]["code"] == "upstream_reused_response_id"
         url = f"{proxy.http}/responses/resp_reused/input_items"
         status, listed = await http_json("GET", url)
         assert status == 200

@@ -48,6 +48,11 @@ def _table(walk: Walk) -> str:
 # ------------------------------------------------------------------ the targets
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="not met yet: 30 modules (the context manager prepares every turn); strict, so "
+    "this fails once the target is met and the mark must go",
+)
 def test_websocket_continuation_passes_at_most_12_project_modules(ws_walk: Walk) -> None:
     assert ws_walk.module_count <= MAX_MODULES, _table(ws_walk)
 
