@@ -1,6 +1,6 @@
 """Fixtures only: the simulated model, the proxy and the sidecar on 127.0.0.1, real sockets.
 
-What tests share besides fixtures (the time unit, clients, `until`) is in tests/helpers.py.
+What tests share besides fixtures (the time unit, clients, `until`) is in tests/support/helpers.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from wsmode.runtime import APP_STATE
 from wsmode.sidecar.app import SIDECAR, create_sidecar_app
 from wsmode.sim.app import SIM_STATE, create_sim_app
 
-from tests.helpers import (
+from tests.support.helpers import (
     FAST_SIM,
     Proxy,
     Served,
@@ -27,8 +27,8 @@ from tests.helpers import (
     serve,
     sidecar_settings,
 )
-from tests.llamacpp_server import serve_llamacpp
-from tests.redis_server import RedisServer, redis_server_process, start_replica
+from tests.support.llamacpp_server import serve_llamacpp
+from tests.support.redis_server import RedisServer, redis_server_process, start_replica
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def llamacpp() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def redis_session_server() -> Iterator[RedisServer]:
-    """One real redis-server for the session (tests/redis_server.py)."""
+    """One real redis-server for the session (tests/support/redis_server.py)."""
     with redis_server_process() as server:
         yield server
 

@@ -20,8 +20,8 @@ from wsmode.core.sse import SSEDecoder
 from wsmode.sim.events import response_events
 from wsmode.sim.model import plan
 
-from tests.fuzz.harness import Stack, start_stack
-from tests.helpers import create, user
+from tests.support.fuzz_harness import Stack, start_stack
+from tests.support.helpers import create, user
 
 EXAMPLES = int(os.environ.get("WSMODE_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(

@@ -21,7 +21,7 @@ from websockets.asyncio.client import connect
 from wsmode.ops.middleware import OPS
 from wsmode.ws_front import ClientConnection as Conn
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sim,
     create,

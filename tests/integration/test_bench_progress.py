@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import seconds
+from tests.support.helpers import seconds
 
 
 def test_bench_prints_progress_per_scenario_on_stderr(tmp_path: Path) -> None:

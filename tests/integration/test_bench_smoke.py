@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import seconds
+from tests.support.helpers import seconds
 
 SCENARIOS = ("agent-loop", "overhead", "relay", "scale", "fairness", "affinity")
 

@@ -16,8 +16,8 @@ from websockets.asyncio.client import connect
 from wsmode.sim.app import SIM_STATE, SimState, create_sim_app
 from wsmode.sim.chat import chat_completions
 
-from tests.event_checks import check_sequence
-from tests.helpers import (
+from tests.support.event_checks import check_sequence
+from tests.support.helpers import (
     FAST_SIM,
     Proxy,
     Sim,

@@ -19,7 +19,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sidecar,
     Sim,

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from wsmode.core.context.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
 
-from tests.helpers import seconds
+from tests.support.helpers import seconds
 
 CODEX = os.environ.get("CODEX_BIN", "")
 pytestmark = pytest.mark.skipif(not CODEX, reason="set CODEX_BIN to run Codex CLI")

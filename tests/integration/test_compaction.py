@@ -16,7 +16,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from wsmode.core.context.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
 from wsmode.sim.model import SUMMARY_LEAD, count_tokens
 
-from tests.helpers import Proxy, Sim, create, send, until, until_terminal, user
+from tests.support.helpers import Proxy, Sim, create, send, until, until_terminal, user
 
 WINDOW = 1600
 TURNS = 40

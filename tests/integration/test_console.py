@@ -22,7 +22,7 @@ from wsmode.app import create_app
 from wsmode.config import ConfigError
 from wsmode.ops.middleware import OPS
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sim,
     create,

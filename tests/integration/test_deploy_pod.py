@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 from openai import AuthenticationError
 
-from tests.deploy_files import deployed_toml, pod_env, resource, wsmode_container
-from tests.helpers import (
+from tests.support.deploy_files import deployed_toml, pod_env, resource, wsmode_container
+from tests.support.helpers import (
     Sim,
     free_port,
     running,

@@ -15,7 +15,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from wsmode.core.sse import SSEDecoder
 from wsmode.ops.middleware import OPS
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sim,
     create,
@@ -201,7 +201,7 @@ def test_check_config_prints_effective_settings_redacted(tmp_path: object) -> No
 
 
 async def test_drain_in_process_metrics(proxy: Proxy) -> None:
-    from tests.helpers import sample, scrape
+    from tests.support.helpers import sample, scrape
 
     ops = proxy.served.runner.app[OPS]
     async with connect(proxy.ws) as ws:

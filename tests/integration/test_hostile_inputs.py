@@ -18,7 +18,7 @@ from multidict import CIMultiDict
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sim,
     create,

@@ -19,7 +19,16 @@ from websockets.asyncio.client import ClientConnection, connect
 from wsmode.sim.events import response_events
 from wsmode.sim.model import plan
 
-from tests.helpers import Served, create, post_responses, recv, send, serve, until_terminal, user
+from tests.support.helpers import (
+    Served,
+    create,
+    post_responses,
+    recv,
+    send,
+    serve,
+    until_terminal,
+    user,
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -19,7 +19,7 @@ from wsmode.http_front.responses import HttpExchange
 from wsmode.runtime import APP_STATE
 from wsmode.upstream.runner import Abandon
 
-from tests.unit.session_helpers import assistant, created, item_done, terminal
+from tests.support.session import assistant, created, item_done, terminal
 
 
 class ScriptedUpstream:

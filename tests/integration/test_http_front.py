@@ -10,7 +10,16 @@ import pytest
 from openai.types.responses import ResponseItemList
 from websockets.asyncio.client import connect
 
-from tests.helpers import Proxy, Sim, create, post_responses, recv, send, until_terminal, user
+from tests.support.helpers import (
+    Proxy,
+    Sim,
+    create,
+    post_responses,
+    recv,
+    send,
+    until_terminal,
+    user,
+)
 
 KEY_A = {"Authorization": "Bearer sk-a"}
 KEY_B = {"Authorization": "Bearer sk-b"}

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sim,
     create,
@@ -24,7 +24,7 @@ from tests.helpers import (
     send,
     user,
 )
-from tests.helpers import until_terminal as terminal_of
+from tests.support.helpers import until_terminal as terminal_of
 
 TOOLS = [
     {

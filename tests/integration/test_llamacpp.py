@@ -2,7 +2,7 @@
 wsmode over WebSocket mode. Protocol properties are asserted, never the model's wording.
 
 The server and model come from ../shared/upstreams: the fixture (`llamacpp` in conftest.py,
-started once per session by tests/llamacpp_server.py) installs them into
+started once per session by tests/support/llamacpp_server.py) installs them into
 `.upstreams/llamacpp` (gitignored) when missing, about 10 s plus the model download, then
 starts the server on a free loopback port. Without ../shared the tests skip, unless
 REQUIRE_LLAMACPP_UPSTREAM is set (CI sets it), when they fail.
@@ -17,10 +17,10 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.chat_streams import SHARED_UPSTREAMS
-from tests.event_checks import check_sequence
-from tests.helpers import Proxy, create, send, until_terminal
-from tests.llamacpp_server import TURN_TIMEOUT
+from tests.support.chat_streams import SHARED_UPSTREAMS
+from tests.support.event_checks import check_sequence
+from tests.support.helpers import Proxy, create, send, until_terminal
+from tests.support.llamacpp_server import TURN_TIMEOUT
 
 pytestmark = pytest.mark.llamacpp
 

@@ -28,8 +28,8 @@ import pytest
 from websockets.asyncio.client import connect
 from wsmode.core.sse import SSEDecoder
 
-from tests.helpers import Proxy, create, send, until_terminal, user
-from tests.llamacpp_server import TURN_TIMEOUT
+from tests.support.helpers import Proxy, create, send, until_terminal, user
+from tests.support.llamacpp_server import TURN_TIMEOUT
 
 pytestmark = pytest.mark.llamacpp
 

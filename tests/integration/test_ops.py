@@ -13,7 +13,17 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from tests.helpers import Proxy, Sim, create, recv, sample, scrape, send, until_terminal, user
+from tests.support.helpers import (
+    Proxy,
+    Sim,
+    create,
+    recv,
+    sample,
+    scrape,
+    send,
+    until_terminal,
+    user,
+)
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
 

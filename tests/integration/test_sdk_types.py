@@ -4,7 +4,7 @@ The conversations of the integration suite (text, tool calls, reasoning, warmups
 cancel, max_output_tokens, steering, compaction, plain HTTP streams) are run in front of the
 simulated model in both dialects (its Responses stream and its Chat Completions stream) and
 in front of the real llama.cpp server (its Responses stream, rebuilt by the repair, and its
-Chat stream). Every event the client receives goes through `tests/sdk_types.py`: the SDK's
+Chat stream). Every event the client receives goes through `tests/support/sdk_types.py`: the SDK's
 pydantic model for its type, strictly, and every response object through `Response`, plus the
 fields the Responses schema requires that the SDK leaves optional. Any event that does not
 validate fails the test.
@@ -22,10 +22,10 @@ import orjson
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.chat_streams import SHARED_UPSTREAMS
-from tests.helpers import Proxy, Sim, create, post_responses, recv, send, user
-from tests.llamacpp_server import TURN_TIMEOUT
-from tests.sdk_types import check_sse_event, check_ws_event
+from tests.support.chat_streams import SHARED_UPSTREAMS
+from tests.support.helpers import Proxy, Sim, create, post_responses, recv, send, user
+from tests.support.llamacpp_server import TURN_TIMEOUT
+from tests.support.sdk_types import check_sse_event, check_ws_event
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
 SimFactory = Callable[..., Awaitable[Sim]]

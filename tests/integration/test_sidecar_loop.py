@@ -16,7 +16,7 @@ import pytest
 from openai import AsyncOpenAI
 from wsmode.core.sse import SSEDecoder
 
-from tests.helpers import Proxy, Sidecar, Sim, until, user
+from tests.support.helpers import Proxy, Sidecar, Sim, until, user
 
 TOOLS = [
     {

@@ -13,7 +13,7 @@ import orjson
 from websockets.asyncio.client import connect
 from wsmode.core.sse import SSEDecoder
 
-from tests.helpers import Proxy, Sim, create, send, until_terminal, user
+from tests.support.helpers import Proxy, Sim, create, send, until_terminal, user
 
 SimFactory = Callable[..., Awaitable[Sim]]
 ProxyFactory = Callable[..., Awaitable[Proxy]]

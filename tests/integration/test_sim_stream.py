@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 from wsmode.core.sse import SSEDecoder
 
-from tests.helpers import Sim
+from tests.support.helpers import Sim
 
 
 async def _events(sim: Sim, **fields: Any) -> list[dict[str, Any]]:

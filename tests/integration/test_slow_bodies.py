@@ -12,7 +12,7 @@ import pytest
 from wsmode.config import load_settings
 from wsmode.sidecar.app import create_sidecar_app
 
-from tests.helpers import Proxy, Sim, sample, scrape, seconds, serve
+from tests.support.helpers import Proxy, Sim, sample, scrape, seconds, serve
 
 
 async def _half_sent(port: int, path: str) -> tuple[bytes, bytes]:

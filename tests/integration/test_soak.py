@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from tests.helpers import seconds
+from tests.support.helpers import seconds
 
 
 def test_short_soak_passes() -> None:

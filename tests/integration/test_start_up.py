@@ -15,7 +15,7 @@ import pytest
 from wsmode.build import build_context
 from wsmode.config import load_settings
 
-from tests.helpers import free_port, running, seconds, wait_healthy
+from tests.support.helpers import free_port, running, seconds, wait_healthy
 
 COMMANDS = {
     "serve": ["serve"],

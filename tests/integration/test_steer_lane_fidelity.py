@@ -13,8 +13,8 @@ from openai.lib.responses_websocket import (
 )
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.chat_checks import tool_order_errors
-from tests.helpers import Proxy, create, recv, seconds, send, until_terminal, user
+from tests.support.chat_checks import tool_order_errors
+from tests.support.helpers import Proxy, create, recv, seconds, send, until_terminal, user
 
 TOOLS = [{"type": "function", "name": "run", "parameters": {"type": "object", "properties": {}}}]
 # what ends a lane's exchange here: a failed response is followed by its `error`

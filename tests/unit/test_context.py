@@ -18,8 +18,8 @@ from wsmode.core.dialects.responses import ResponsesDialect
 from wsmode.core.errors import ClientError, UpstreamError
 from wsmode.core.request import CreateRequest, parse_create
 
-from tests.unit.items import DEV, assistant, b, call, output, user
-from tests.unit.session_helpers import context_settings
+from tests.support.items import DEV, assistant, b, call, output, user
+from tests.support.session import context_settings
 
 SEALER = Sealer(bytes(range(32)))
 OWNER = "owner-a"

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from wsmode.config import ENV_ALIASES
 
-from tests.deploy_files import (
+from tests.support.deploy_files import (
     CADDYFILE,
     HAPROXY_CFG,
     K8S,

@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import wsmode
 
-from tests.helpers import seconds
+from tests.support.helpers import seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "proxy"

@@ -16,7 +16,7 @@ from wsmode.core.session import Session
 from wsmode.core.store import StoredResponse
 from wsmode.ops.shared_store import decode, encode
 
-from tests.unit.session_helpers import (
+from tests.support.session import (
     CALL,
     assistant,
     body_of,

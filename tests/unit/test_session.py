@@ -20,7 +20,7 @@ from wsmode.core.errors import UpstreamError, upstream_http_error
 from wsmode.core.policy import SessionLimits
 from wsmode.core.sse import SSEEvent
 
-from tests.unit.session_helpers import (
+from tests.support.session import (
     WS_ONLY,
     assistant,
     body_of,

@@ -17,7 +17,7 @@ from wsmode.core.context.sealing import Sealer
 from wsmode.core.errors import UpstreamError
 from wsmode.core.session import Session
 
-from tests.unit.session_helpers import (
+from tests.support.session import (
     adjusted,
     assistant,
     body_of,

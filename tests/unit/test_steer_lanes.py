@@ -14,8 +14,8 @@ from wsmode.core.errors import UpstreamError
 from wsmode.core.policy import SessionLimits
 from wsmode.core.session import Session
 
-from tests.chat_checks import tool_order_errors
-from tests.unit.session_helpers import (
+from tests.support.chat_checks import tool_order_errors
+from tests.support.session import (
     CALL,
     added,
     assistant,

@@ -13,7 +13,7 @@ from wsmode.core.errors import ClientError
 from wsmode.core.policy import SessionLimits
 from wsmode.core.steering import SteerRejected, parse_steer, required_input
 
-from tests.unit.session_helpers import (
+from tests.support.session import (
     CALL,
     MSG,
     added,

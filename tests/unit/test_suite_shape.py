@@ -1,11 +1,11 @@
 """Rules of the test suite itself, read from the sources with `ast`.
 
-- A test file imports helpers (tests/helpers.py and the other helper modules), never another
+- A test file imports helpers (the modules of tests/support/), never another
   test file nor conftest.py: renaming or deleting a test module breaks nothing else, and
   conftest.py holds only fixtures.
 - Waiting uses the scaled time unit: every sleep is `sleep(seconds(...))` (or `sleep(0)`, a
   yield to the event loop), and a loop that sleeps until something holds is `until(...)`.
-  tests/helpers.py, where `until` lives, is the one exception.
+  tests/support/helpers.py, where `until` lives, is the one exception.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
 FILES = sorted(p for p in TESTS.rglob("*.py") if "fixtures" not in p.relative_to(TESTS).parts)
-WAITING_LIVES_HERE = TESTS / "helpers.py"
+WAITING_LIVES_HERE = TESTS / "support" / "helpers.py"
 
 
 def imported_test_modules(source: str) -> list[str]:
@@ -86,7 +86,12 @@ def rel(path: Path) -> str:
 
 def test_files_are_found() -> None:
     names = {rel(p) for p in FILES}
-    assert {"conftest.py", "helpers.py", "unit/test_session.py", "fuzz/harness.py"} <= names
+    assert {
+        "conftest.py",
+        "support/helpers.py",
+        "unit/test_session.py",
+        "support/fuzz_harness.py",
+    } <= names
 
 
 @pytest.mark.parametrize("path", FILES, ids=rel)
@@ -119,9 +124,9 @@ def test_scanner_catches_test_module_imports(source: str) -> None:
 @pytest.mark.parametrize(
     "source",
     [
-        "from tests.helpers import seconds, until",
-        "from tests.unit.session_helpers import make_session",
-        "import tests.chat_streams",
+        "from tests.support.helpers import seconds, until",
+        "from tests.support.session import make_session",
+        "import tests.support.chat_streams",
         "from wsmode.core import session",
         "import pytest",
         "from aiohttp.test_utils import TestServer",  # a library's module, not one of ours

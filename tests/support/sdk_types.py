@@ -26,7 +26,7 @@ from openai.types.responses import (
 )
 from pydantic import BaseModel
 
-from tests.event_checks import RESPONSE_FIELDS
+from tests.support.event_checks import RESPONSE_FIELDS
 
 # wsmode's extension events (not SDK types): skipped by name, nothing else is.
 EXTENSIONS: frozenset[str] = frozenset()

@@ -13,7 +13,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 from wsmode.config import Settings, load_settings
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
 HAPROXY_CFG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
 NGINX_CONF = ROOT / "deploy" / "nginx" / "wsmode.conf"
