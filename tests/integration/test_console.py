@@ -3,7 +3,7 @@ conversation (the openai SDK over WebSocket mode, the sim upstream), no payload 
 default, off on a non-loopback listener by default and behind auth when turned on there,
 the Origin/Host policy, and the feed's bounds: pages, and a page that stops reading.
 
-The page itself, in a real browser, is tests/integration/test_console_browser.py.
+The page itself, in a real browser, is tests/system/test_console_browser.py.
 """
 
 from __future__ import annotations
