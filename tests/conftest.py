@@ -1,4 +1,6 @@
-"""Fixtures only: the simulated model, the proxy and the sidecar on 127.0.0.1, real sockets.
+"""Fixtures only: the simulated model, the proxy and the sidecar on 127.0.0.1, real sockets;
+and the hook that marks every test with its tier, by folder (`-m unit`, `-m integration`,
+`-m system`; tests/unit/test_suite_shape.py has the layout).
 
 What tests share besides fixtures (the time unit, clients, `until`) is in tests/support/helpers.py.
 """
@@ -8,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +32,17 @@ from tests.support.helpers import (
 )
 from tests.support.llamacpp_server import serve_llamacpp
 from tests.support.redis_server import RedisServer, redis_server_process, start_replica
+
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "integration", "system")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test gets its folder's tier as a marker (tests/unit: `unit`, and so on)."""
+    for item in items:
+        parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
+        if parts and parts[0] in TIERS:
+            item.add_marker(getattr(pytest.mark, parts[0]))
 
 
 @pytest.fixture
