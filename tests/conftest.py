@@ -22,11 +22,13 @@ from wsmode.sim.app import SIM_STATE, create_sim_app
 
 from tests.support.helpers import (
     FAST_SIM,
+    TIME_SCALE,
     Proxy,
     Served,
     Sidecar,
     Sim,
     proxy_settings,
+    seconds,
     serve,
     sidecar_settings,
 )
@@ -38,11 +40,18 @@ TIERS = ("unit", "integration", "system")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test gets its folder's tier as a marker (tests/unit: `unit`, and so on)."""
+    """Each test gets its folder's tier as a marker (tests/unit: `unit`, and so on). With
+    TEST_TIME_SCALE, the default time limit (pyproject.toml `timeout`) stretches like every
+    other wait of the suite, unless `--timeout` was given; a test's own
+    `pytest.mark.timeout(seconds(...))` is scaled already."""
+    default = float(config.getini("timeout") or 0)
+    stretch = TIME_SCALE != 1 and default > 0 and config.getoption("timeout") is None
     for item in items:
         parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
         if parts and parts[0] in TIERS:
             item.add_marker(getattr(pytest.mark, parts[0]))
+        if stretch and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(seconds(default)))
 
 
 @pytest.fixture

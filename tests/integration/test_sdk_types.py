@@ -23,7 +23,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from tests.support.chat_streams import SHARED_UPSTREAMS
-from tests.support.helpers import Proxy, Sim, create, post_responses, recv, send, user
+from tests.support.helpers import Proxy, Sim, create, post_responses, recv, seconds, send, user
 from tests.support.llamacpp_server import TURN_TIMEOUT
 from tests.support.sdk_types import check_sse_event, check_ws_event
 
@@ -268,6 +268,7 @@ def _fewshot() -> dict[str, Any]:
 
 
 @pytest.mark.llamacpp
+@pytest.mark.timeout(seconds(600))  # the first to ask for llama.cpp may install and start it
 @pytest.mark.parametrize("api", ["responses", "chat"])  # responses: rebuilt by the repair
 async def test_llamacpp_events_are_sdk_types(
     api: str, llamacpp: str, proxy_factory: ProxyFactory

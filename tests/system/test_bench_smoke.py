@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.helpers import seconds
 
 SCENARIOS = ("agent-loop", "overhead", "relay", "scale", "fairness", "affinity")
 
 
+@pytest.mark.timeout(seconds(360))  # about 30 s here; its own bound on the bench is 300 s
 def test_smallest_bench_run_writes_a_complete_report(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "wsmode", "bench", *SCENARIOS, "--smoke", "--link", "shim"]
@@ -116,6 +119,7 @@ def test_call_check_bench_runs_as_a_module(tmp_path: Path) -> None:
     assert all(row in proc.stdout for row in ("check", "inherit")), proc.stdout
 
 
+@pytest.mark.timeout(seconds(240))  # about 8 s here; its own bound on the bench is 180 s
 def test_affinity_bench_smoke(tmp_path: Path) -> None:
     """`wsmode bench affinity --smoke`: four contenders over two prefix-caching sims, each
     with its TTFT, turn time and cached share."""

@@ -24,7 +24,10 @@ from wsmode.core.context.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
 from tests.support.helpers import seconds
 
 CODEX = os.environ.get("CODEX_BIN", "")
-pytestmark = pytest.mark.skipif(not CODEX, reason="set CODEX_BIN to run Codex CLI")
+pytestmark = [
+    pytest.mark.skipif(not CODEX, reason="set CODEX_BIN to run Codex CLI"),
+    pytest.mark.timeout(seconds(240)),  # `codex exec` has 120 s (below), the proxy's start aside
+]
 
 
 async def _codex_exec(

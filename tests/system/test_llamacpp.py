@@ -19,10 +19,12 @@ from websockets.asyncio.client import connect
 
 from tests.support.chat_streams import SHARED_UPSTREAMS
 from tests.support.event_checks import check_sequence
-from tests.support.helpers import Proxy, create, send, until_terminal
+from tests.support.helpers import Proxy, create, seconds, send, until_terminal
 from tests.support.llamacpp_server import TURN_TIMEOUT
 
-pytestmark = pytest.mark.llamacpp
+# The first test that asks for the server may install it (about 10 s plus the model download,
+# tests/support/llamacpp_server.py) and start it; a test itself takes up to 12 s here.
+pytestmark = [pytest.mark.llamacpp, pytest.mark.timeout(seconds(600))]
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
 

@@ -28,10 +28,12 @@ import pytest
 from websockets.asyncio.client import connect
 from wsmode.core.sse import SSEDecoder
 
-from tests.support.helpers import Proxy, create, send, until_terminal, user
+from tests.support.helpers import Proxy, create, seconds, send, until_terminal, user
 from tests.support.llamacpp_server import TURN_TIMEOUT
 
-pytestmark = pytest.mark.llamacpp
+# The first test that asks for the servers may install it (about 10 s plus the model download,
+# tests/support/llamacpp_server.py) and start them; a test itself takes up to 3 s here.
+pytestmark = [pytest.mark.llamacpp, pytest.mark.timeout(seconds(600))]
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
 MODEL = "gemma-3-270m"

@@ -261,6 +261,8 @@ def test_pyproject_runs_every_tier_and_knows_their_markers() -> None:
     assert "--strict-markers" in ini["addopts"].split()
     declared = {marker.split(":")[0] for marker in ini["markers"]}
     assert set(TIERS) <= declared
+    # every test has a time limit; `thread` ends a hang that a signal would not interrupt
+    assert float(ini["timeout"]) > 0 and ini["timeout_method"] == "thread"
 
 
 def test_this_test_is_marked_with_its_tier(request: pytest.FixtureRequest) -> None:
