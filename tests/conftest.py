@@ -99,10 +99,13 @@ async def proxy(sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]]) -> Pro
 @pytest.fixture
 async def openai_client() -> AsyncIterator[Callable[..., AsyncOpenAI]]:
     """`make(base_url, **options)`: an openai SDK client, closed after the test, so the
-    sockets of its HTTP connection pool never outlive the event loop (ResourceWarning)."""
+    sockets of its HTTP connection pool never outlive the event loop (ResourceWarning). Its
+    HTTP requests time out after 30 s (the SDK's own default is 600 s) unless `timeout` is
+    given."""
     made: list[AsyncOpenAI] = []
 
     def make(base_url: str, **options: Any) -> AsyncOpenAI:
+        options.setdefault("timeout", seconds(30))
         made.append(AsyncOpenAI(base_url=base_url, **options))
         return made[-1]
 

@@ -369,9 +369,13 @@ async def test_openai_sdk_over_http(chat_proxy: Proxy, openai_client: Any) -> No
     stream = await client.responses.create(
         model="sim", input="more", previous_response_id=first.id, stream=True
     )
-    kinds = [ev.type async for ev in stream]
+    async with asyncio.timeout(seconds(10)):
+        kinds = [ev.type async for ev in stream]
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
-    async with client.responses.stream(model="sim", input="helper") as s:
+    async with (
+        asyncio.timeout(seconds(10)),
+        client.responses.stream(model="sim", input="helper") as s,
+    ):
         final = await s.get_final_response()
     assert final.output_text and final.status == "completed"
     fetched = await client.responses.retrieve(first.id)

@@ -145,7 +145,7 @@ async def test_grace_over_cuts_http_responses_with_a_terminal_event(
         async with aiohttp.ClientSession() as http:
             async with http.post(url, json={**stalled, "stream": True}) as streaming:
                 assert streaming.status == 200
-                first = await streaming.content.readuntil(b"\n\n")
+                first = await asyncio.wait_for(streaming.content.readuntil(b"\n\n"), seconds(10))
                 assert first.startswith(b"event: response.created")
                 plain = asyncio.create_task(http.post(url, json=stalled))
                 await until(lambda: sim.state.active == 2)

@@ -121,7 +121,7 @@ async def _raw_upgrade(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamW
         ).encode()
     )
     await writer.drain()
-    head = await reader.readuntil(b"\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), seconds(10))
     assert head.startswith(b"HTTP/1.1 101")
     return reader, writer
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import select
 import signal
 import socket
 import subprocess
@@ -106,6 +107,8 @@ def test_sim_announces_after_binding() -> None:
     port = free_port()
     with running(["sim", "--port", str(port)]) as proc:
         assert proc.stderr is not None
+        readable, _, _ = select.select([proc.stderr], [], [], seconds(10))
+        assert readable, "wsmode sim printed nothing"
         line = proc.stderr.readline()
         assert line.strip() == f"simulated model on http://127.0.0.1:{port}/v1"
         with socket.create_connection(("127.0.0.1", port), timeout=seconds(5)):

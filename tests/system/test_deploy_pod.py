@@ -106,6 +106,7 @@ def test_the_example_redis_keeps_nothing_on_disk(tmp_path: Path) -> None:
                     capture_output=True,
                     text=True,
                     check=False,
+                    timeout=seconds(10),
                 )
                 return done.stdout.splitlines() if done.returncode == 0 else []
 

@@ -10,6 +10,7 @@ REQUIRE_LLAMACPP_UPSTREAM is set (CI sets it), when they fail.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -123,8 +124,9 @@ async def test_repaired_responses_stream_and_auto(
         extra_body={"stop": doc["stop"]},
         **stream_kwargs,
     ) as stream:
-        kinds = [event.type async for event in stream]
-        final = await stream.get_final_response()
+        async with asyncio.timeout(seconds(TURN_TIMEOUT)):
+            kinds = [event.type async for event in stream]
+            final = await stream.get_final_response()
     assert kinds[0] == "response.created" and kinds[-1] in (
         "response.completed",
         "response.incomplete",
