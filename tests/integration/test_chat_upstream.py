@@ -280,7 +280,8 @@ async def test_finish_reasons_and_tolerated_endings(
         assert events[-1]["type"] == kind
         final = events[-1]["response"]
         assert final["incomplete_details"] == ({"reason": reason} if reason else None)
-        # usage the upstream did not send is the proxy's own estimate (issue 4, part 6)
+        # usage the upstream did not send is the proxy's own estimate (README "Compaction and
+        # context windows"): a client sees counts even from a server that reports none
         assert final["usage"]["output_tokens"] > 0 and final["usage"]["input_tokens"] > 0
         # an incomplete response is cached like a completed one: the chain goes on
         await send(ws, create(input="y", store=False, previous_response_id=final["id"]))

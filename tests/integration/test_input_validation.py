@@ -1,4 +1,4 @@
-"""Validation of a turn's new input (issue 12): a tool output must answer a tool call of the
+"""Validation of a turn's new input: a tool output must answer a tool call of the
 conversation, as OpenAI requires, in both upstream dialects, over WebSocket mode (the
 `websockets` library and the openai SDK) and plain HTTP. A refused turn never reaches the
 model server and, as a failed continuation, evicts its parent (docs/protocol.md "Continuing and

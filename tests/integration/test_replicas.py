@@ -1,4 +1,4 @@
-"""The whole deployment of issue 13 with real parts: two `wsmode serve` replicas sharing one
+"""The whole multi-replica deployment with real parts: two `wsmode serve` replicas sharing one
 real redis-server (tests/support/redis_server.py), both fronting the same two model-server replicas
 (`wsmode sim` processes) with conversation affinity (docs/pool.md, docs/store.md).
 

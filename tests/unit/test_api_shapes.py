@@ -1,4 +1,4 @@
-"""Response objects in the API's shape, whichever path built them (issue 12, items 3-5): the
+"""Response objects in the API's shape, whichever path built them: the
 Responses dialect's relayed echo, the llama.cpp repair, the warmup, the proxy's failures."""
 
 from __future__ import annotations
