@@ -1,6 +1,8 @@
-"""Fixtures only: the simulated model, the proxy and the sidecar on 127.0.0.1, real sockets.
+"""Fixtures only: the simulated model, the proxy and the sidecar on 127.0.0.1, real sockets;
+and the hook that marks every test with its tier, by folder (`-m unit`, `-m integration`,
+`-m system`; tests/unit/test_suite_shape.py has the layout).
 
-What tests share besides fixtures (the time unit, clients, `until`) is in tests/helpers.py.
+What tests share besides fixtures (the time unit, clients, `until`) is in tests/support/helpers.py.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,18 +20,38 @@ from wsmode.runtime import APP_STATE
 from wsmode.sidecar.app import SIDECAR, create_sidecar_app
 from wsmode.sim.app import SIM_STATE, create_sim_app
 
-from tests.helpers import (
+from tests.support.helpers import (
     FAST_SIM,
+    TIME_SCALE,
     Proxy,
     Served,
     Sidecar,
     Sim,
     proxy_settings,
+    seconds,
     serve,
     sidecar_settings,
 )
-from tests.llamacpp_server import serve_llamacpp
-from tests.redis_server import RedisServer, redis_server_process, start_replica
+from tests.support.llamacpp_server import serve_llamacpp
+from tests.support.redis_server import RedisServer, redis_server_process, start_replica
+
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "integration", "system")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test gets its folder's tier as a marker (tests/unit: `unit`, and so on). With
+    TEST_TIME_SCALE, the default time limit (pyproject.toml `timeout`) stretches like every
+    other wait of the suite, unless `--timeout` was given; a test's own
+    `pytest.mark.timeout(seconds(...))` is scaled already."""
+    default = float(config.getini("timeout") or 0)
+    stretch = TIME_SCALE != 1 and default > 0 and config.getoption("timeout") is None
+    for item in items:
+        parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
+        if parts and parts[0] in TIERS:
+            item.add_marker(getattr(pytest.mark, parts[0]))
+        if stretch and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(seconds(default)))
 
 
 @pytest.fixture
@@ -76,10 +99,13 @@ async def proxy(sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]]) -> Pro
 @pytest.fixture
 async def openai_client() -> AsyncIterator[Callable[..., AsyncOpenAI]]:
     """`make(base_url, **options)`: an openai SDK client, closed after the test, so the
-    sockets of its HTTP connection pool never outlive the event loop (ResourceWarning)."""
+    sockets of its HTTP connection pool never outlive the event loop (ResourceWarning). Its
+    HTTP requests time out after 30 s (the SDK's own default is 600 s) unless `timeout` is
+    given."""
     made: list[AsyncOpenAI] = []
 
     def make(base_url: str, **options: Any) -> AsyncOpenAI:
+        options.setdefault("timeout", seconds(30))
         made.append(AsyncOpenAI(base_url=base_url, **options))
         return made[-1]
 
@@ -112,7 +138,7 @@ def llamacpp() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def redis_session_server() -> Iterator[RedisServer]:
-    """One real redis-server for the session (tests/redis_server.py)."""
+    """One real redis-server for the session (tests/support/redis_server.py)."""
     with redis_server_process() as server:
         yield server
 

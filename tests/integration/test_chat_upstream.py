@@ -16,8 +16,8 @@ from websockets.asyncio.client import connect
 from wsmode.sim.app import SIM_STATE, SimState, create_sim_app
 from wsmode.sim.chat import chat_completions
 
-from tests.event_checks import check_sequence
-from tests.helpers import (
+from tests.support.event_checks import check_sequence
+from tests.support.helpers import (
     FAST_SIM,
     Proxy,
     Sim,
@@ -280,7 +280,8 @@ async def test_finish_reasons_and_tolerated_endings(
         assert events[-1]["type"] == kind
         final = events[-1]["response"]
         assert final["incomplete_details"] == ({"reason": reason} if reason else None)
-        # usage the upstream did not send is the proxy's own estimate (issue 4, part 6)
+        # usage the upstream did not send is the proxy's own estimate (README "Compaction and
+        # context windows"): a client sees counts even from a server that reports none
         assert final["usage"]["output_tokens"] > 0 and final["usage"]["input_tokens"] > 0
         # an incomplete response is cached like a completed one: the chain goes on
         await send(ws, create(input="y", store=False, previous_response_id=final["id"]))
@@ -369,9 +370,13 @@ async def test_openai_sdk_over_http(chat_proxy: Proxy, openai_client: Any) -> No
     stream = await client.responses.create(
         model="sim", input="more", previous_response_id=first.id, stream=True
     )
-    kinds = [ev.type async for ev in stream]
+    async with asyncio.timeout(seconds(10)):
+        kinds = [ev.type async for ev in stream]
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
-    async with client.responses.stream(model="sim", input="helper") as s:
+    async with (
+        asyncio.timeout(seconds(10)),
+        client.responses.stream(model="sim", input="helper") as s,
+    ):
         final = await s.get_final_response()
     assert final.output_text and final.status == "completed"
     fetched = await client.responses.retrieve(first.id)

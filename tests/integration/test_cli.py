@@ -8,7 +8,15 @@ import sys
 
 from websockets.asyncio.client import connect
 
-from tests.helpers import create, free_port, running, seconds, send, until_terminal, wait_healthy
+from tests.support.helpers import (
+    create,
+    free_port,
+    running,
+    seconds,
+    send,
+    until_terminal,
+    wait_healthy,
+)
 
 
 async def test_serve_without_upstream_fronts_the_simulator() -> None:

@@ -1,4 +1,4 @@
-"""An HTTP client that leaves before its answer is complete (issue 11, item 15).
+"""An HTTP client that leaves before its answer is complete.
 
 Leaving is ordinary: no traceback or ERROR in the log, the request counted with status 499
 (nginx's "client closed request") rather than 500, and its upstream request cancelled at
@@ -19,7 +19,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sidecar,
     Sim,

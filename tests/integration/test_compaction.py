@@ -4,6 +4,7 @@ openai SDK as clients."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,7 +17,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from wsmode.core.context.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
 from wsmode.sim.model import SUMMARY_LEAD, count_tokens
 
-from tests.helpers import Proxy, Sim, create, send, until, until_terminal, user
+from tests.support.helpers import Proxy, Sim, create, seconds, send, until, until_terminal, user
 
 WINDOW = 1600
 TURNS = 40
@@ -479,10 +480,11 @@ async def test_compaction_trigger_with_the_sdk_over_the_socket_and_http(
     async with client.responses.connect() as conn:
         await conn.response.create(model="sim", input=[*history, TRIGGER], store=False)
         seen = []
-        async for ev in conn:
-            seen.append(events.validate_python(ev.model_dump(warnings=False)))
-            if ev.type in ("response.completed", "response.failed", "error"):
-                break
+        async with asyncio.timeout(seconds(10)):
+            async for ev in conn:
+                seen.append(events.validate_python(ev.model_dump(warnings=False)))
+                if ev.type in ("response.completed", "response.failed", "error"):
+                    break
     assert seen[-1].type == "response.completed"
     assert [x.type for x in seen].count("response.compaction.compacting") == 1
     (item,) = seen[-1].response.output

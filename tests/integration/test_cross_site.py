@@ -16,7 +16,7 @@ from aiohttp import web
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Served,
     Sim,

@@ -18,7 +18,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sim,
     create,

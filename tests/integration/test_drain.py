@@ -15,7 +15,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from wsmode.core.sse import SSEDecoder
 from wsmode.ops.middleware import OPS
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sim,
     create,
@@ -145,7 +145,7 @@ async def test_grace_over_cuts_http_responses_with_a_terminal_event(
         async with aiohttp.ClientSession() as http:
             async with http.post(url, json={**stalled, "stream": True}) as streaming:
                 assert streaming.status == 200
-                first = await streaming.content.readuntil(b"\n\n")
+                first = await asyncio.wait_for(streaming.content.readuntil(b"\n\n"), seconds(10))
                 assert first.startswith(b"event: response.created")
                 plain = asyncio.create_task(http.post(url, json=stalled))
                 await until(lambda: sim.state.active == 2)
@@ -201,7 +201,7 @@ def test_check_config_prints_effective_settings_redacted(tmp_path: object) -> No
 
 
 async def test_drain_in_process_metrics(proxy: Proxy) -> None:
-    from tests.helpers import sample, scrape
+    from tests.support.helpers import sample, scrape
 
     ops = proxy.served.runner.app[OPS]
     async with connect(proxy.ws) as ws:

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 from websockets.asyncio.client import connect
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sim,
     create,

@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 from websockets.asyncio.client import connect
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sim,
     create,

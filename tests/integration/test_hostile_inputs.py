@@ -1,6 +1,6 @@
-"""Client input and configuration that reached the wrong code path (issue 11, items 8, 10,
-14): JSON nested too deeply, two `Authorization` headers, and a password in the upstream
-URL or a compaction key that was shown to whoever asked."""
+"""Client input and configuration that reached the wrong code path: JSON nested too deeply,
+two `Authorization` headers, and a password in the upstream URL or a compaction key that was
+shown to whoever asked."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from multidict import CIMultiDict
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sim,
     create,

@@ -1,8 +1,7 @@
-"""A model server that misbehaves (issue 11, items 8, 9, 11, 12, 13): it redirects, rate
-limits, sends events that are not JSON or not what their `event:` line says, nests its output
-too deeply, or gives two responses the same id. Each is a small aiohttp app on 127.0.0.1
-playing the model; the proxy in front of it is the real one, its clients are the
-`websockets` library and aiohttp."""
+"""A model server that misbehaves: it redirects, rate limits, sends events that are not JSON
+or not what their `event:` line says, nests its output too deeply, or gives two responses the
+same id. Each is a small aiohttp app on 127.0.0.1 playing the model; the proxy in front of it
+is the real one, its clients are the `websockets` library and aiohttp."""
 
 from __future__ import annotations
 
@@ -19,7 +18,16 @@ from websockets.asyncio.client import ClientConnection, connect
 from wsmode.sim.events import response_events
 from wsmode.sim.model import plan
 
-from tests.helpers import Served, create, post_responses, recv, send, serve, until_terminal, user
+from tests.support.helpers import (
+    Served,
+    create,
+    post_responses,
+    recv,
+    send,
+    serve,
+    until_terminal,
+    user,
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

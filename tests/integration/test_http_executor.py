@@ -19,7 +19,7 @@ from wsmode.executor import Leave
 from wsmode.http_front.responses import HttpExchange
 from wsmode.runtime import APP_STATE
 
-from tests.unit.session_helpers import assistant, created, is_active, item_done, terminal
+from tests.support.session import assistant, created, is_active, item_done, terminal
 
 
 class ScriptedUpstream:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -10,7 +11,17 @@ import pytest
 from openai.types.responses import ResponseItemList
 from websockets.asyncio.client import connect
 
-from tests.helpers import Proxy, Sim, create, post_responses, recv, send, until_terminal, user
+from tests.support.helpers import (
+    Proxy,
+    Sim,
+    create,
+    post_responses,
+    recv,
+    seconds,
+    send,
+    until_terminal,
+    user,
+)
 
 KEY_A = {"Authorization": "Bearer sk-a"}
 KEY_B = {"Authorization": "Bearer sk-b"}
@@ -226,7 +237,8 @@ async def test_openai_sdk_over_http(proxy: Proxy, openai_client: Any) -> None:
     stream = await client.responses.create(
         model="sim", input="more", previous_response_id=first.id, stream=True
     )
-    kinds = [ev.type async for ev in stream]
+    async with asyncio.timeout(seconds(10)):
+        kinds = [ev.type async for ev in stream]
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
     fetched = await client.responses.retrieve(first.id)
     assert fetched.id == first.id and fetched.output_text == first.output_text

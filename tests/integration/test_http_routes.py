@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from tests.helpers import Proxy, Sim
+from tests.support.helpers import Proxy, Sim
 
 
 async def test_healthz(proxy: Proxy, sim: Sim) -> None:

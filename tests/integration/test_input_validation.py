@@ -1,4 +1,4 @@
-"""Validation of a turn's new input (issue 12): a tool output must answer a tool call of the
+"""Validation of a turn's new input: a tool output must answer a tool call of the
 conversation, as OpenAI requires, in both upstream dialects, over WebSocket mode (the
 `websockets` library and the openai SDK) and plain HTTP. A refused turn never reaches the
 model server and, as a failed continuation, evicts its parent (docs/protocol.md "Continuing and
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sim,
     create,
@@ -24,7 +24,7 @@ from tests.helpers import (
     send,
     user,
 )
-from tests.helpers import until_terminal as terminal_of
+from tests.support.helpers import until_terminal as terminal_of
 
 TOOLS = [
     {

@@ -12,7 +12,7 @@ from openai.lib.responses_websocket import (
 )
 from websockets.asyncio.client import connect
 
-from tests.helpers import Proxy, Sim, create, recv, seconds, send, until_terminal, user
+from tests.support.helpers import Proxy, Sim, create, recv, seconds, send, until_terminal, user
 
 LIMITS = ResponsesWebSocketLimits(
     max_lanes=8,

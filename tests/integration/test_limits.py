@@ -14,7 +14,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sim,
     create,
@@ -121,7 +121,7 @@ async def _raw_upgrade(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamW
         ).encode()
     )
     await writer.drain()
-    head = await reader.readuntil(b"\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), seconds(10))
     assert head.startswith(b"HTTP/1.1 101")
     return reader, writer
 

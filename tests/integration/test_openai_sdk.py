@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 from openai import OpenAI
 
-from tests.helpers import Proxy, Sim, sdk_terminal, seconds, user
+from tests.support.helpers import Proxy, Sim, sdk_terminal, seconds, user
 
 TOOLS = [
     {

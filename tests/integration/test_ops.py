@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -13,7 +14,18 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from tests.helpers import Proxy, Sim, create, recv, sample, scrape, send, until_terminal, user
+from tests.support.helpers import (
+    Proxy,
+    Sim,
+    create,
+    recv,
+    sample,
+    scrape,
+    seconds,
+    send,
+    until_terminal,
+    user,
+)
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
 
@@ -160,17 +172,20 @@ async def test_openai_sdk_with_proxy_key(
     client = openai_client(proxy.http, api_key=KEY, max_retries=0)
     async with client.responses.connect() as conn:
         await conn.response.create(model="sim", input="hi", store=False)
-        async for ev in conn:
-            if ev.type == "response.completed":
-                break
+        async with asyncio.timeout(seconds(10)):
+            async for ev in conn:
+                if ev.type == "response.completed":
+                    break
     # the configured upstream credential replaced the client's proxy key
     assert last_upstream(sim, "Authorization") == "Bearer sk-upstream"
     bad = openai_client(proxy.http, api_key="sk-nope", max_retries=0)
-    with pytest.raises(Exception) as info:
-        async with bad.responses.connect() as conn:
-            await conn.response.create(model="sim", input="hi")
-            async for _ in conn:
-                break
+    # the limit outside `raises`: running out of time fails as a TimeoutError of its own
+    async with asyncio.timeout(seconds(10)):
+        with pytest.raises(Exception) as info:
+            async with bad.responses.connect() as conn:
+                await conn.response.create(model="sim", input="hi")
+                async for _ in conn:
+                    break
     assert "401" in str(info.value)
 
 

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sim,
     SimProcess,

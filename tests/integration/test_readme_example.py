@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port, running, seconds, wait_healthy
+from tests.support.helpers import free_port, running, seconds, wait_healthy
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 DEFAULT_BASE = "http://127.0.0.1:8080/v1"

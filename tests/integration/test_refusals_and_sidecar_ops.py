@@ -18,7 +18,16 @@ from websockets.exceptions import InvalidStatus
 from wsmode.config import load_settings
 from wsmode.sidecar.app import create_sidecar_app
 
-from tests.helpers import Proxy, Served, Sim, free_port, running, seconds, serve, wait_healthy
+from tests.support.helpers import (
+    Proxy,
+    Served,
+    Sim,
+    free_port,
+    running,
+    seconds,
+    serve,
+    wait_healthy,
+)
 
 RIGHT = "sk-right-proxy-key-0123456789"
 WRONG = "sk-wrong-proxy-key-9876543210"

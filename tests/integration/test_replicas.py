@@ -1,5 +1,5 @@
-"""The whole deployment of issue 13 with real parts: two `wsmode serve` replicas sharing one
-real redis-server (tests/redis_server.py), both fronting the same two model-server replicas
+"""The whole multi-replica deployment with real parts: two `wsmode serve` replicas sharing one
+real redis-server (tests/support/redis_server.py), both fronting the same two model-server replicas
 (`wsmode sim` processes) with conversation affinity (docs/pool.md, docs/store.md).
 
 A stored chain continues on the other wsmode replica, over WebSocket and over HTTP, and every
@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.helpers import (
+from tests.support.helpers import (
     SimProcess,
     create,
     free_port,
@@ -30,7 +30,7 @@ from tests.helpers import (
     user,
     wait_healthy,
 )
-from tests.redis_server import RedisServer, redis_server_process
+from tests.support.redis_server import RedisServer, redis_server_process
 
 KEY_A = {"Authorization": "Bearer key-a"}
 KEY_B = {"Authorization": "Bearer key-b"}

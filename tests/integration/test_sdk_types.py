@@ -2,12 +2,12 @@
 
 The conversations of the integration suite (text, tool calls, reasoning, warmups, failures,
 cancel, max_output_tokens, steering, compaction, plain HTTP streams) are run in front of the
-simulated model in both dialects (its Responses stream and its Chat Completions stream) and
-in front of the real llama.cpp server (its Responses stream, rebuilt by the repair, and its
-Chat stream). Every event the client receives goes through `tests/sdk_types.py`: the SDK's
-pydantic model for its type, strictly, and every response object through `Response`, plus the
-fields the Responses schema requires that the SDK leaves optional. Any event that does not
-validate fails the test.
+simulated model in both dialects (its Responses stream and its Chat Completions stream); in
+front of the real llama.cpp server they are in tests/system/test_llamacpp_sdk_types.py. Every
+event the client receives goes through `tests/support/sdk_types.py`: the SDK's pydantic model
+for its type, strictly, and every response object through `Response`, plus the fields the
+Responses schema requires that the SDK leaves optional. Any event that does not validate
+fails the test.
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ from typing import Any
 
 import orjson
 import pytest
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 
-from tests.chat_streams import SHARED_UPSTREAMS
-from tests.helpers import Proxy, Sim, create, post_responses, recv, send, user
-from tests.llamacpp_server import TURN_TIMEOUT
-from tests.sdk_types import check_sse_event, check_ws_event
+from tests.support.helpers import Proxy, Sim, create, post_responses, send, user
+from tests.support.sdk_types import Client, check_sse_event
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
 SimFactory = Callable[..., Awaitable[Sim]]
@@ -41,29 +39,6 @@ TOOLS: list[dict[str, Any]] = [
     {"type": "function", "name": "bare"},  # no description, parameters or strict
 ]
 KEY = base64.b64encode(bytes(range(32))).decode()
-
-
-class Client:
-    """A WebSocket client that validates every event it receives and counts their types."""
-
-    def __init__(self, ws: ClientConnection) -> None:
-        self.ws = ws
-        self.seen: Counter[str] = Counter()
-
-    async def next(self, timeout: float = 10) -> dict[str, Any]:
-        ev = await recv(self.ws, timeout)
-        self.seen[check_ws_event(ev)] += 1
-        return ev
-
-    async def until(self, *kinds: str, timeout: float = 10) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        while not events or events[-1]["type"] not in kinds:
-            events.append(await self.next(timeout))
-        return events
-
-    async def turn(self, timeout: float = 10, **fields: Any) -> list[dict[str, Any]]:
-        await send(self.ws, create(**{"store": False, **fields}))
-        return await self.until(*TERMINAL, timeout=timeout)
 
 
 async def _conversation(c: Client, sim: Sim, dialect: str) -> None:
@@ -256,43 +231,3 @@ async def test_http_sse_events_are_sdk_types(
     sim.state.faults.append("cut:5")
     status, doc = await post_responses(proxy, {"model": "sim", "input": "hi"})
     assert status == 502 and doc["error"]["code"] == "upstream_unavailable"
-
-
-# ------------------------------------------------------------------ the real llama.cpp server
-
-
-def _fewshot() -> dict[str, Any]:
-    doc = orjson.loads((SHARED_UPSTREAMS / "responses_tool_fewshot_stop.json").read_bytes())
-    assert isinstance(doc, dict)
-    return doc
-
-
-@pytest.mark.llamacpp
-@pytest.mark.parametrize("api", ["responses", "chat"])  # responses: rebuilt by the repair
-async def test_llamacpp_events_are_sdk_types(
-    api: str, llamacpp: str, proxy_factory: ProxyFactory
-) -> None:
-    proxy = await proxy_factory(llamacpp, upstream__api=api, upstream__read_timeout=TURN_TIMEOUT)
-    doc = _fewshot()
-    settings = {
-        "model": doc["model"],
-        "tools": doc["tools"],
-        "temperature": 0,
-        "max_output_tokens": 60,
-        "stop": doc["stop"],
-    }
-    async with connect(proxy.ws) as ws:
-        c = Client(ws)
-        first = await c.turn(timeout=TURN_TIMEOUT, input=doc["input"], **settings)
-        calls = [i for i in first[-1]["response"]["output"] if i["type"] == "function_call"]
-        assert calls, "the few-shot prompt makes the model call its tool"
-        outputs = [
-            {"type": "function_call_output", "call_id": x["call_id"], "output": "18 C"}
-            for x in calls
-        ]
-        prev = first[-1]["response"]["id"]
-        await c.turn(timeout=TURN_TIMEOUT, input=outputs, previous_response_id=prev, **settings)
-        short = {**settings, "max_output_tokens": 16, "tools": []}
-        cut = await c.turn(timeout=TURN_TIMEOUT, input=[user("Tell me a long story.")], **short)
-        assert cut[-1]["type"] in ("response.incomplete", "response.completed")
-    assert {"response.function_call_arguments.done", "response.output_item.done"} <= (c.seen.keys())

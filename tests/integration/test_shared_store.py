@@ -1,6 +1,6 @@
 """The shared store on a real Redis (store.backend = "redis", docs/store.md): two `wsmode
 serve` replicas, each fronting its own `wsmode sim`, share one redis-server
-(tests/redis_server.py). A stored chain continues on the other replica over WebSocket (a new
+(tests/support/redis_server.py). A stored chain continues on the other replica over WebSocket (a new
 socket) and over HTTP; the stored-response routes work there; credentials stay apart;
 `store: false` never reaches Redis; what a response costs in Redis grows with its own items;
 a chain read takes the same round trips short or long and renews every TTL it reads."""
@@ -18,7 +18,7 @@ from websockets.asyncio.client import connect
 from wsmode.sim.events import response_events
 from wsmode.sim.model import plan
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sim,
     create,
@@ -31,7 +31,7 @@ from tests.helpers import (
     until_terminal,
     user,
 )
-from tests.redis_server import RedisServer, monitored, redis_server_process, start_replica
+from tests.support.redis_server import RedisServer, monitored, redis_server_process, start_replica
 
 KEY_A = {"Authorization": "Bearer key-a"}
 KEY_B = {"Authorization": "Bearer key-b"}

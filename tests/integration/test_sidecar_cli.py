@@ -9,7 +9,7 @@ import sys
 
 import aiohttp
 
-from tests.helpers import Proxy, Sim, free_port, running, seconds, user, wait_healthy
+from tests.support.helpers import Proxy, Sim, free_port, running, seconds, user, wait_healthy
 
 
 async def test_sidecar_command_serves_http_over_websocket_mode(proxy: Proxy, sim: Sim) -> None:

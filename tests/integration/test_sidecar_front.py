@@ -14,7 +14,7 @@ from wsmode.config import load_settings
 from wsmode.core.sse import SSEDecoder
 from wsmode.runtime import APP_STATE
 
-from tests.helpers import Proxy, Sim, seconds, until, user
+from tests.support.helpers import Proxy, Sim, seconds, until, user
 
 TOOLS = [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]
 

@@ -7,6 +7,7 @@ for ids and timestamps, while the sidecar -> front leg carries only each turn's 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 from openai import AsyncOpenAI
 from wsmode.core.sse import SSEDecoder
 
-from tests.helpers import Proxy, Sidecar, Sim, until, user
+from tests.support.helpers import Proxy, Sidecar, Sim, seconds, until, user
 
 TOOLS = [
     {
@@ -43,13 +44,18 @@ def strip(value: Any) -> Any:
 
 
 async def sdk_turn(base: str, body: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    async with AsyncOpenAI(base_url=base, api_key="sk-test", max_retries=0) as client:
+    async with AsyncOpenAI(
+        base_url=base, api_key="sk-test", max_retries=0, timeout=seconds(30)
+    ) as client:
         r = await client.responses.create(**body)
     return r.model_dump(), r.model_dump(exclude_none=True)
 
 
 async def sdk_stream_turn(base: str, body: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    async with AsyncOpenAI(base_url=base, api_key="sk-test", max_retries=0) as client:
+    async with (
+        AsyncOpenAI(base_url=base, api_key="sk-test", max_retries=0, timeout=seconds(30)) as client,
+        asyncio.timeout(seconds(10)),
+    ):
         events = [ev async for ev in await client.responses.create(**body, stream=True)]
     final = events[-1]
     assert final.type == "response.completed", final
@@ -241,9 +247,10 @@ async def test_client_vanishing_mid_stream_cancels_upstream(
     body = {"model": "sim", "input": "long answer please", "stream": True}
     http = aiohttp.ClientSession()
     r = await http.post(f"{sidecar.http}/responses", json=body)
-    async for line in r.content:
-        if line.startswith(b"event: response.output_text.delta"):
-            break
+    async with asyncio.timeout(seconds(10)):
+        async for line in r.content:
+            if line.startswith(b"event: response.output_text.delta"):
+                break
     assert sim.state.active == 1
     r.close()  # the client goes away without reading the rest
     await http.close()

@@ -19,7 +19,7 @@ from aiohttp import web
 from wsmode.sim.events import response_events
 from wsmode.sim.model import plan
 
-from tests.helpers import Served, serve, user
+from tests.support.helpers import Served, serve, user
 
 
 async def send_event(ws: web.WebSocketResponse, ev: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ the cache the same way a client's own full history does."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -13,7 +14,7 @@ import orjson
 from websockets.asyncio.client import connect
 from wsmode.core.sse import SSEDecoder
 
-from tests.helpers import Proxy, Sim, create, send, until_terminal, user
+from tests.support.helpers import Proxy, Sim, create, seconds, send, until_terminal, user
 
 SimFactory = Callable[..., Awaitable[Sim]]
 ProxyFactory = Callable[..., Awaitable[Proxy]]
@@ -26,8 +27,9 @@ async def _stream(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     async with aiohttp.ClientSession() as http, http.post(url, json=body) as r:
         assert r.status == 200, await r.text()
-        async for chunk in r.content.iter_any():
-            out += [orjson.loads(e.data) for e in decoder.feed(chunk) if e.data != b"[DONE]"]
+        async with asyncio.timeout(seconds(10)):
+            async for chunk in r.content.iter_any():
+                out += [orjson.loads(e.data) for e in decoder.feed(chunk) if e.data != b"[DONE]"]
     return out
 
 

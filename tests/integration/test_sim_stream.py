@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -9,7 +10,7 @@ import aiohttp
 import orjson
 from wsmode.core.sse import SSEDecoder
 
-from tests.helpers import Sim
+from tests.support.helpers import Sim, seconds
 
 
 async def _events(sim: Sim, **fields: Any) -> list[dict[str, Any]]:
@@ -18,8 +19,9 @@ async def _events(sim: Sim, **fields: Any) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     async with aiohttp.ClientSession() as http, http.post(f"{sim.url}/responses", json=body) as r:
         assert r.status == 200
-        async for chunk in r.content.iter_any():
-            out += [orjson.loads(e.data) for e in decoder.feed(chunk) if e.data != b"[DONE]"]
+        async with asyncio.timeout(seconds(10)):
+            async for chunk in r.content.iter_any():
+                out += [orjson.loads(e.data) for e in decoder.feed(chunk) if e.data != b"[DONE]"]
     return out
 
 

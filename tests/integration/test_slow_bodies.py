@@ -12,7 +12,7 @@ import pytest
 from wsmode.config import load_settings
 from wsmode.sidecar.app import create_sidecar_app
 
-from tests.helpers import Proxy, Sim, sample, scrape, seconds, serve
+from tests.support.helpers import Proxy, Sim, sample, scrape, seconds, serve
 
 
 async def _half_sent(port: int, path: str) -> tuple[bytes, bytes]:
@@ -30,7 +30,7 @@ async def _half_sent(port: int, path: str) -> tuple[bytes, bytes]:
     lines = head.decode().split("\r\n")
     fields = dict(line.lower().split(": ", 1) for line in lines[1:] if line)
     assert fields["connection"] == "close"
-    body = await reader.readexactly(int(fields["content-length"]))
+    body = await asyncio.wait_for(reader.readexactly(int(fields["content-length"])), seconds(10))
     writer.close()
     return lines[0].encode(), body
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import select
 import signal
 import socket
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 from wsmode.build import build_context
 from wsmode.config import load_settings
 
-from tests.helpers import free_port, running, seconds, wait_healthy
+from tests.support.helpers import free_port, running, seconds, wait_healthy
 
 COMMANDS = {
     "serve": ["serve"],
@@ -106,6 +107,8 @@ def test_sim_announces_after_binding() -> None:
     port = free_port()
     with running(["sim", "--port", str(port)]) as proc:
         assert proc.stderr is not None
+        readable, _, _ = select.select([proc.stderr], [], [], seconds(10))
+        assert readable, "wsmode sim printed nothing"
         line = proc.stderr.readline()
         assert line.strip() == f"simulated model on http://127.0.0.1:{port}/v1"
         with socket.create_connection(("127.0.0.1", port), timeout=seconds(5)):

@@ -8,7 +8,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.helpers import Sim, create, recv, seconds, send, until, until_terminal, user
+from tests.support.helpers import Sim, create, recv, seconds, send, until, until_terminal, user
 
 TOOLS = [{"type": "function", "name": "run", "parameters": {"type": "object", "properties": {}}}]
 

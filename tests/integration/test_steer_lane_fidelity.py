@@ -1,6 +1,6 @@
-"""Steer and lane fidelity over a real socket (issue 12, items 7 to 9): the lane of a failed
-steer, the order of steer input in a tool turn as a strict Chat server sees it, and a fork
-from a response still in flight on another lane."""
+"""Steer and lane fidelity over a real socket: the lane of a failed steer, the order of steer
+input in a tool turn as a strict Chat server sees it, and a fork from a response still in
+flight on another lane."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from openai.lib.responses_websocket import (
 )
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.chat_checks import tool_order_errors
-from tests.helpers import Proxy, create, recv, seconds, send, until_terminal, user
+from tests.support.chat_checks import tool_order_errors
+from tests.support.helpers import Proxy, create, recv, seconds, send, until_terminal, user
 
 TOOLS = [{"type": "function", "name": "run", "parameters": {"type": "object", "properties": {}}}]
 # what ends a lane's exchange here: a failed response is followed by its `error`
@@ -42,7 +42,7 @@ async def _ends(ws: ClientConnection, lanes: set[str]) -> list[dict[str, Any]]:
     return events
 
 
-# ------------------------------------------------------------ item 7
+# ------------------------------------------------------------ the lane of a failed steer
 
 
 async def test_steer_failed_for_a_finished_response_on_a_named_lane(proxy: Proxy) -> None:
@@ -59,7 +59,7 @@ async def test_steer_failed_for_a_finished_response_on_a_named_lane(proxy: Proxy
     assert unknown["error"]["code"] == "response_not_found" and "stream_id" not in unknown
 
 
-# ------------------------------------------------------------ item 8
+# ------------------------------------------------------------ steer input in a tool turn
 
 
 async def _steered_tool_turn(ws: ClientConnection) -> tuple[str, dict[str, Any]]:
@@ -106,7 +106,7 @@ async def test_chat_upstream_gets_tool_results_next_to_their_calls(
         assert msgs[2]["tool_call_id"] == call["call_id"] and msgs[3]["content"] == "also X"
 
 
-# ------------------------------------------------------------ item 9
+# ------------------------------------------------------------ forks from a parent in flight
 
 
 async def test_fork_from_a_response_in_flight_waits_for_it(

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from websockets.asyncio.client import connect
 
-from tests.helpers import create, free_port, running, seconds, send, until, until_terminal
+from tests.support.helpers import create, free_port, running, seconds, send, until, until_terminal
 
 
 @pytest.fixture(scope="module")

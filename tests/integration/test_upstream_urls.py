@@ -11,7 +11,7 @@ import pytest
 from websockets.asyncio.client import connect
 from wsmode.upstream.client import describe
 
-from tests.helpers import Proxy, Sidecar, Sim, create, free_port, send, until_terminal
+from tests.support.helpers import Proxy, Sidecar, Sim, create, free_port, send, until_terminal
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
 

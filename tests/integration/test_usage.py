@@ -14,7 +14,7 @@ from aiohttp import web
 from websockets.asyncio.client import connect
 from wsmode.core.store import owner_of
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sim,
     create,

@@ -19,7 +19,7 @@ from collections import Counter
 import pytest
 from wsmode.bench.walk import CORE, SimProfile, Transport, Walk, measure, report
 
-from tests.helpers import seconds
+from tests.support.helpers import seconds
 
 MAX_MODULES = 12  # project modules a WebSocket continuation may pass through
 

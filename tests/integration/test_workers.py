@@ -11,7 +11,7 @@ import sys
 import aiohttp
 from websockets.asyncio.client import connect
 
-from tests.helpers import create, free_port, seconds, send, until_terminal, wait_healthy
+from tests.support.helpers import create, free_port, seconds, send, until_terminal, wait_healthy
 
 
 async def test_two_workers_share_the_port_and_drain_on_sigterm() -> None:

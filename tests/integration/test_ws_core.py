@@ -9,7 +9,7 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.helpers import Proxy, Sim, create, recv, send, until, until_terminal, user
+from tests.support.helpers import Proxy, Sim, create, recv, send, until, until_terminal, user
 
 CANONICAL_TEXT = [
     "response.created",
@@ -388,7 +388,7 @@ async def test_stale_keep_alive_connection_is_resent_once(proxy_factory: Any) ->
     from wsmode.sim.events import response_events
     from wsmode.sim.model import plan
 
-    from tests.helpers import serve
+    from tests.support.helpers import serve
 
     per_connection: dict[int, int] = {}
     answered: list[int] = []

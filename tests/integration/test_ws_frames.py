@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.helpers import Proxy, Sim, create, send, until_terminal
+from tests.support.helpers import Proxy, Sim, create, send, until_terminal
 
 
 @pytest.mark.parametrize("compression", [False, True])

@@ -1,4 +1,4 @@
-"""Response objects in the API's shape, whichever path built them (issue 12, items 3-5): the
+"""Response objects in the API's shape, whichever path built them: the
 Responses dialect's relayed echo, the llama.cpp repair, the warmup, the proxy's failures."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from wsmode.core.api_objects import complete_usage, failed_error, listed_item
 from wsmode.core.sse import SSEEvent
 
-from tests.chat_streams import TRANSCRIPTS, run, translator
-from tests.sdk_types import check_response
-from tests.unit.session_helpers import create, make_session, sends
+from tests.support.chat_streams import TRANSCRIPTS, run, translator
+from tests.support.sdk_types import check_response
+from tests.support.session import create, make_session, sends
 
 TOOLS: list[dict[str, Any]] = [
     {"type": "function", "name": "f", "strict": False},

@@ -1,4 +1,4 @@
-"""The benchmark's verdicts (issue 15): a target is a ratio measured in rounds; it PASSes
+"""The benchmark's verdicts: a target is a ratio measured in rounds; it PASSes
 when every round meets its bound, FAILs when none does, and reads "within noise" when the
 bound lies inside the rounds' range."""
 

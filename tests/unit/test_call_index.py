@@ -12,7 +12,7 @@ from wsmode.core.context.manager import SummaryResult
 from wsmode.core.conversation import NO_CALLS, index_calls, orphan_output
 from wsmode.core.session import Session
 
-from tests.unit.session_helpers import (
+from tests.support.session import (
     assistant,
     body_of,
     complete,

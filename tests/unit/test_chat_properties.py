@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from wsmode.core.errors import UpstreamError
 
-from tests.chat_streams import run, translator
-from tests.event_checks import check_sequence
+from tests.support.chat_streams import run, translator
+from tests.support.event_checks import check_sequence
 
 TEXT = st.text(st.characters(max_codepoint=0x2FF, exclude_categories=("Cs",)), max_size=6)
 FINISH = st.sampled_from(["stop", "tool_calls", "length", "content_filter", "weird", None])

@@ -18,7 +18,7 @@ from wsmode.core.dialects.chat_request import (
 )
 from wsmode.core.errors import ClientError
 
-from tests.unit.chat_helpers import body, user
+from tests.support.chat import body, user
 
 
 @pytest.mark.parametrize("role", ["system", "developer"])

@@ -10,7 +10,7 @@ import pytest
 from wsmode.core.dialects.chat_settings import ChatOptions
 from wsmode.core.errors import ClientError
 
-from tests.unit.chat_helpers import body, user
+from tests.support.chat import body, user
 
 WEATHER = {
     "type": "function",

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from wsmode.core.errors import UpstreamError
 from wsmode.core.sse import SSEEvent
 
-from tests.chat_streams import FIXTURES, TRANSCRIPTS, run, translator, upstream_content
-from tests.event_checks import check_sequence
+from tests.support.chat_streams import FIXTURES, TRANSCRIPTS, run, translator, upstream_content
+from tests.support.event_checks import check_sequence
 
 # path, outcome, incomplete reason, [(name, call_id)], usage (in, cached, out, reasoning)
 GOLDEN: list[tuple[str, str, str | None, list[tuple[str, str]], tuple[int, ...] | None]] = [

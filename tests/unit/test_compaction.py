@@ -29,7 +29,7 @@ from wsmode.core.context.compaction import (
 from wsmode.core.context.sealing import Sealer
 from wsmode.core.errors import ClientError
 
-from tests.unit.items import DEV, assistant, b, call, output, user
+from tests.support.items import DEV, assistant, b, call, output, user
 
 SEALER = Sealer(bytes(range(32)))
 

@@ -23,7 +23,7 @@ from wsmode.core.events import ClientMessage
 from wsmode.core.policy import UpstreamPolicy
 from wsmode.core.session import Session
 
-from tests.unit.session_helpers import (
+from tests.support.session import (
     assistant,
     body_of,
     complete,

@@ -9,8 +9,8 @@ import pytest
 from wsmode.core.context.compaction import Compacted, seal
 from wsmode.core.errors import ClientError
 
-from tests.unit.context_helpers import OWNER, SEALER, manager, request
-from tests.unit.items import user
+from tests.support.context import OWNER, SEALER, manager, request
+from tests.support.items import user
 
 # ------------------------------------------------------------------ validation
 

@@ -11,7 +11,7 @@ from wsmode.core.context.tokens import ITEM_OVERHEAD
 from wsmode.core.conversation import EMPTY
 from wsmode.core.errors import ClientError
 
-from tests.unit.context_helpers import (
+from tests.support.context import (
     OWNER,
     SEALER,
     chain,
@@ -20,7 +20,7 @@ from tests.unit.context_helpers import (
     manager,
     request,
 )
-from tests.unit.items import DEV, assistant, b, call, output, user
+from tests.support.items import DEV, assistant, b, call, output, user
 
 
 def cost(item: dict[str, Any]) -> int:

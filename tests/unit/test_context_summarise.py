@@ -11,8 +11,8 @@ from wsmode.core.conversation import EMPTY
 from wsmode.core.dialects.responses import ResponsesDialect
 from wsmode.core.errors import UpstreamError
 
-from tests.unit.context_helpers import OWNER, chain, decoded, long_chain, manager, request
-from tests.unit.items import DEV, assistant, b, call, user
+from tests.support.context import OWNER, chain, decoded, long_chain, manager, request
+from tests.support.items import DEV, assistant, b, call, user
 
 CM = [{"type": "compaction", "compact_threshold": 1000}]
 

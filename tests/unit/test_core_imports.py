@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.module_graph import PACKAGE, Module, module_of, package_imports, package_of
+from tests.support.module_graph import PACKAGE, Module, module_of, package_imports, package_of
 
 CORE = PACKAGE / "core"
 FORBIDDEN = frozenset(

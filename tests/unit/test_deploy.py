@@ -1,14 +1,12 @@
-"""deploy/: the Kubernetes manifests and the HAProxy, nginx and Caddy configs, checked
-against the wsmode configuration they deploy (the ConfigMap's TOML, read by wsmode's own
-loader, with the image's and the pod's environment on top, as `wsmode serve` reads them in
-the pod)."""
+"""deploy/: the Kubernetes manifests and the HAProxy and nginx configs, checked against the
+wsmode configuration they deploy (the ConfigMap's TOML, read by wsmode's own loader, with the
+image's and the pod's environment on top, as `wsmode serve` reads them in the pod). The
+configs' own tools (`haproxy -c`, `nginx -t`, `caddy adapt`) run in
+tests/integration/test_deploy_configs.py: this tier starts no process."""
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
-import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -19,8 +17,7 @@ import pytest
 import yaml
 from wsmode.config import ENV_ALIASES
 
-from tests.deploy_files import (
-    CADDYFILE,
+from tests.support.deploy_files import (
     HAPROXY_CFG,
     K8S,
     NGINX_CONF,
@@ -31,6 +28,7 @@ from tests.deploy_files import (
     documents,
     load,
     named_port,
+    nginx_wrapper,
     pod_env,
     probe_port,
     resource,
@@ -231,14 +229,6 @@ def haproxy_timeouts() -> dict[str, float]:
     }
 
 
-@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed")
-def test_haproxy_accepts_the_reference_config() -> None:
-    done = subprocess.run(
-        ["haproxy", "-c", "-f", str(HAPROXY_CFG)], capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
 def test_haproxy_keeps_sockets_as_long_as_wsmode_does(tmp_path: Path) -> None:
     lifetime = deployed_settings(tmp_path).server.connection_lifetime_seconds
     timeouts = haproxy_timeouts()
@@ -277,17 +267,6 @@ def test_haproxy_checks_readiness_and_balances_by_open_sockets(tmp_path: Path) -
 # ---------------------------------------------------------------- nginx
 
 
-def nginx_wrapper(tmp_path: Path) -> Path:
-    """A whole nginx.conf around the reference file (which goes in an `http` block)."""
-    conf = tmp_path / "nginx.conf"
-    conf.write_text(
-        f"pid {tmp_path}/nginx.pid;\n"
-        "events {}\n"
-        f"http {{\n    access_log off;\n    include {NGINX_CONF};\n}}\n"
-    )
-    return conf
-
-
 def nginx_http_block(tmp_path: Path) -> list[dict[str, Any]]:
     """The reference file's directives, as crossplane parses them inside the wrapper (its
     include followed, every directive checked against the context it stands in)."""
@@ -315,17 +294,6 @@ def nginx_bytes(value: str) -> int:
     match = re.fullmatch(r"(\d+)([kKmMgG])?", value)
     assert match, value
     return int(match[1]) * units.get((match[2] or "").lower(), 1)
-
-
-@pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed")
-def test_nginx_accepts_the_reference_config(tmp_path: Path) -> None:
-    done = subprocess.run(
-        ["nginx", "-t", "-p", str(tmp_path), "-e", "stderr", "-c", str(nginx_wrapper(tmp_path))],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
 
 
 def test_nginx_upgrades_websockets_and_streams_unbuffered(tmp_path: Path) -> None:
@@ -357,31 +325,3 @@ def test_nginx_upgrades_websockets_and_streams_unbuffered(tmp_path: Path) -> Non
     (group,) = [d["block"] for d in http if d["directive"] == "upstream" and d["args"] == [name]]
     assert len(directives(group, "server")) >= 2
     assert directives(group, "least_conn") == [[]]
-
-
-# ---------------------------------------------------------------- Caddy (optional)
-
-
-@pytest.mark.skipif(shutil.which("caddy") is None, reason="caddy is not installed")
-def test_caddy_proxies_with_readiness_checks_and_no_buffering() -> None:
-    """`caddy adapt` only turns the Caddyfile into Caddy's JSON; it starts nothing (`caddy
-    validate` would start the health checks, towards the example addresses)."""
-    done = subprocess.run(
-        ["caddy", "adapt", "--config", str(CADDYFILE), "--adapter", "caddyfile"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    (server,) = json.loads(done.stdout)["apps"]["http"]["servers"].values()
-    handlers = [h for route in server["routes"] for h in route["handle"]]
-    (proxy,) = [h for h in handlers if h["handler"] == "reverse_proxy"]
-    assert proxy["health_checks"]["active"]["uri"] == "/readyz"
-    assert proxy["health_checks"]["active"]["expect_status"] == 200
-    assert proxy["flush_interval"] == -1  # events go out as they come
-    assert proxy["load_balancing"]["selection_policy"]["policy"] == "least_conn"
-    assert len(proxy["upstreams"]) >= 2
-    # no read timeout on the stream: a socket lives as long as wsmode keeps it
-    assert "read_timeout" not in proxy["transport"]
-    (metrics,) = [r for r in server["routes"] if r.get("match") == [{"path": ["/metrics"]}]]
-    assert metrics["handle"] == [{"handler": "static_response", "status_code": 404}]

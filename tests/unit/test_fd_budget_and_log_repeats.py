@@ -21,7 +21,7 @@ def test_reserve_counts_the_upstream_pool_and_the_in_process_simulator() -> None
     ("configured", "nofile", "reserved", "limit", "warns"),
     [
         (4096, 20_000, 320, 4096, False),  # fits
-        (4096, 1024, 320, 704, True),  # the ulimit -n 1024
+        (4096, 1024, 320, 704, True),  # a common default `ulimit -n` of 1024
         (0, 1024, 320, 704, True),  # "no limit" cannot be honoured either
         (0, None, 320, 0, False),  # no descriptor limit at all
         (4096, 256, 576, 64, True),  # the upstream pool alone exceeds it: a quarter

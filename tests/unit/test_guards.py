@@ -10,8 +10,8 @@ from wsmode.core.errors import ClientError
 from wsmode.core.guards import DenyPatterns, Guards, MaxNewInputBytes, NewInput, text_of
 from wsmode.core.session import Session
 
-from tests.helpers import proxy_settings
-from tests.unit.session_helpers import (
+from tests.support.helpers import proxy_settings
+from tests.support.session import (
     complete,
     input_refused,
     make_session,

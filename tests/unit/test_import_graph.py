@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.module_graph import (
+from tests.support.module_graph import (
     PACKAGE,
     Graph,
     Module,

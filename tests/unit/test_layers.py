@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.module_graph import ABOVE_TOP, PACKAGE, dotted, package_imports
+from tests.support.module_graph import ABOVE_TOP, PACKAGE, dotted, package_imports
 
 ALLOWED: dict[str, frozenset[str]] = {
     "core": frozenset(),

@@ -17,7 +17,7 @@ from wsmode.core.session import Session
 from wsmode.core.store import StoredResponse
 from wsmode.ops.redis_store import decode, encode
 
-from tests.unit.session_helpers import (
+from tests.support.session import (
     CALL,
     assistant,
     body_of,

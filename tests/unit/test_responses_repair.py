@@ -12,8 +12,8 @@ from wsmode.core.sse import SSEDecoder
 from wsmode.sim.events import response_events
 from wsmode.sim.model import plan
 
-from tests.chat_streams import TRANSCRIPTS, run, translator
-from tests.event_checks import check_sequence
+from tests.support.chat_streams import TRANSCRIPTS, run, translator
+from tests.support.event_checks import check_sequence
 
 LLAMA = TRANSCRIPTS / "llamacpp-xllamacpp"
 

@@ -15,7 +15,7 @@ from wsmode.core.request import parse_create
 from wsmode.core.runs import TRANSITIONS, IllegalTransition, Run, RunState
 from wsmode.core.session import Session
 
-from tests.unit.session_helpers import (
+from tests.support.session import (
     MSG,
     added,
     complete,

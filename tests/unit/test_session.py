@@ -29,7 +29,7 @@ from wsmode.core.events import (
 from wsmode.core.policy import SessionLimits
 from wsmode.core.sse import SSEEvent
 
-from tests.unit.session_helpers import (
+from tests.support.session import (
     WS_ONLY,
     assistant,
     body_of,

@@ -19,7 +19,7 @@ from wsmode.core.errors import UpstreamError
 from wsmode.core.events import ClientGone
 from wsmode.core.session import Session
 
-from tests.unit.session_helpers import (
+from tests.support.session import (
     adjusted,
     assistant,
     body_of,

@@ -12,7 +12,7 @@ from wsmode.core.memory import MemoryBudget
 from wsmode.core.policy import SessionLimits, UpstreamPolicy
 from wsmode.core.session import Session
 
-from tests.unit.session_helpers import HUGE, quick, sends, starts, user
+from tests.support.session import HUGE, quick, sends, starts, user
 
 
 def _session(memory: MemoryBudget, **limits: int) -> Session:

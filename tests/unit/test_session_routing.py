@@ -13,7 +13,7 @@ from wsmode.core.routing import cached_tokens, slot_of
 from wsmode.core.session import Session
 from wsmode.core.sse import SSEEvent
 
-from tests.unit.session_helpers import (
+from tests.support.session import (
     body_of,
     complete,
     create,

@@ -1,6 +1,5 @@
 """Steer and lane fidelity in the sans-I/O session: the lane of a failed steer, where queued
-steer input goes in a tool turn, and forks from a response still in flight (issue 12,
-items 7 to 9)."""
+steer input goes in a tool turn, and forks from a response still in flight."""
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ from wsmode.core.events import ClientMessage, UpstreamFailed
 from wsmode.core.policy import SessionLimits
 from wsmode.core.session import Session
 
-from tests.chat_checks import tool_order_errors
-from tests.unit.session_helpers import (
+from tests.support.chat_checks import tool_order_errors
+from tests.support.session import (
     CALL,
     added,
     assistant,
@@ -42,7 +41,7 @@ from tests.unit.session_helpers import (
 TOOL_OUT = {"type": "function_call_output", "call_id": "c1", "output": "x"}
 
 
-# ------------------------------------------------------------ item 7: the failed steer's lane
+# ------------------------------------------------------------ the failed steer's lane
 
 
 def test_steer_failed_for_a_finished_named_lane_response_carries_its_stream_id() -> None:
@@ -80,7 +79,7 @@ def test_steer_failed_for_a_response_whose_steers_wait_carries_its_stream_id() -
     assert late["stream_id"] == "L"
 
 
-# ------------------------------------------------------------ item 8: steer input in a tool turn
+# ------------------------------------------------------------ steer input in a tool turn
 
 
 def _pending_tool_turn(
@@ -199,7 +198,7 @@ def test_the_strict_order_check_rejects_a_user_message_between_call_and_result()
     assert len(tool_order_errors(bad)) == 2
 
 
-# ------------------------------------------------------------ item 9: forks from a running parent
+# ------------------------------------------------------------ forks from a running parent
 
 
 def _running(s: Session, lane: str, rid: str) -> int:

@@ -14,7 +14,7 @@ from wsmode.core.events import ClientMessage, LifetimeOver, UpstreamFailed
 from wsmode.core.policy import SessionLimits
 from wsmode.core.steering import SteerRejected, parse_steer, required_input
 
-from tests.unit.session_helpers import (
+from tests.support.session import (
     CALL,
     MSG,
     added,

@@ -1,23 +1,74 @@
 """Rules of the test suite itself, read from the sources with `ast`.
 
-- A test file imports helpers (tests/helpers.py and the other helper modules), never another
+- Three tiers, by folder: tests/unit (fast and in-process), tests/integration (real sockets,
+  real processes of ours, each test quick) and tests/system (slow or whole-system: the soak,
+  the bench, a real browser, packaging, llama.cpp, HAProxy and nginx, Codex). Every test file
+  is in one of them; tests/conftest.py marks each test with its tier (`-m unit`, ...), and
+  `python -m pytest` runs all three. Helpers are in tests/support/, fixtures in conftest.py.
+- tests/unit starts no process and opens no socket: no `subprocess`, `socket` or
+  `multiprocessing`, no asyncio subprocess or connection, none of the helpers or fixtures
+  that start servers or processes.
+- A test file imports helpers (the modules of tests/support/), never another
   test file nor conftest.py: renaming or deleting a test module breaks nothing else, and
-  conftest.py holds only fixtures.
+  conftest.py holds only fixtures (and the hook that marks the tiers).
 - Waiting uses the scaled time unit: every sleep is `sleep(seconds(...))` (or `sleep(0)`, a
   yield to the event loop), and a loop that sleeps until something holds is `until(...)`.
-  tests/helpers.py, where `until` lives, is the one exception.
+  tests/support/helpers.py, where `until` lives, is the one exception.
 """
 
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
 FILES = sorted(p for p in TESTS.rglob("*.py") if "fixtures" not in p.relative_to(TESTS).parts)
-WAITING_LIVES_HERE = TESTS / "helpers.py"
+WAITING_LIVES_HERE = TESTS / "support" / "helpers.py"
+TIERS = ("unit", "integration", "system")
+UNIT_FILES = [p for p in FILES if p.relative_to(TESTS).parts[0] == "unit"]
+
+# what starts a process or opens a socket, which tests/unit never does
+PROCESS_MODULES = {"subprocess", "multiprocessing", "socket", "socketserver", "pty"}
+PROCESS_CALLS = {  # by attribute, whatever the object (asyncio, a loop)
+    "create_subprocess_exec",
+    "create_subprocess_shell",
+    "open_connection",
+    "open_unix_connection",
+    "start_server",
+    "start_unix_server",
+    "create_connection",
+    "create_server",
+}
+OS_PROCESS_CALLS = {"system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp"}
+# the helpers of tests/support that start servers or processes
+PROCESS_HELPERS = {
+    "running",
+    "sim_processes",
+    "SimProcess",
+    "serve",
+    "free_port",
+    "wait_healthy",
+    "start_replica",
+    "redis_server_process",
+    "serve_llamacpp",
+    "start_stack",
+}
+# the fixtures of conftest.py that start servers or processes
+PROCESS_FIXTURES = {
+    "sim",
+    "sim_factory",
+    "proxy",
+    "proxy_factory",
+    "sidecar_factory",
+    "llamacpp",
+    "llamacpp_pair",
+    "redis_server",
+    "redis_session_server",
+    "replicas",
+}
 
 
 def imported_test_modules(source: str) -> list[str]:
@@ -80,13 +131,143 @@ def poll_loops(source: str) -> list[int]:
     return found
 
 
+def processes_and_sockets(source: str) -> list[str]:
+    """`lineno: what` for everything in `source` that starts a process or opens a socket."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        what: list[str] = []
+        if isinstance(node, ast.Import):
+            what = [a.name for a in node.names if a.name.split(".")[0] in PROCESS_MODULES]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if module.split(".")[0] in PROCESS_MODULES:
+                what = [module]
+            elif module.startswith("tests."):
+                what = [a.name for a in node.names if a.name in PROCESS_HELPERS]
+            elif module == "os":
+                what = [a.name for a in node.names if a.name in OS_PROCESS_CALLS]
+        elif isinstance(node, ast.Attribute):
+            base = node.value
+            os_call = isinstance(base, ast.Name) and base.id == "os"
+            if node.attr in PROCESS_CALLS or (os_call and node.attr in OS_PROCESS_CALLS):
+                what = [ast.unparse(node)]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            what = [a.arg for a in node.args.args if a.arg in PROCESS_FIXTURES]
+        found += [f"{node.lineno}: {w}" for w in what]
+    return found
+
+
 def rel(path: Path) -> str:
     return path.relative_to(TESTS).as_posix()
 
 
+def out_of_place(path: str) -> bool:
+    """Whether a file of tests/ (`unit/test_x.py`) is outside the layout: test files in a
+    tier, helpers in support/, conftest.py and __init__.py in either."""
+    *folders, name = path.split("/")
+    if name in ("__init__.py", "conftest.py"):
+        return bool(folders) and folders[0] not in (*TIERS, "support")
+    if not folders:
+        return True  # a module at the top of tests/
+    if folders[0] == "support":
+        return name.startswith("test_")  # a test among the helpers
+    return folders[0] not in TIERS or not name.startswith("test_")
+
+
 def test_files_are_found() -> None:
     names = {rel(p) for p in FILES}
-    assert {"conftest.py", "helpers.py", "unit/test_session.py", "fuzz/harness.py"} <= names
+    assert {
+        "conftest.py",
+        "support/helpers.py",
+        "support/session.py",
+        "support/fuzz_harness.py",
+        "unit/test_session.py",
+        "integration/test_ws_core.py",
+        "system/test_soak.py",
+    } <= names
+    assert "unit/test_suite_shape.py" in {rel(p) for p in UNIT_FILES}
+
+
+def test_every_file_is_in_a_tier_or_in_support() -> None:
+    assert [rel(p) for p in FILES if out_of_place(rel(p))] == []
+
+
+@pytest.mark.parametrize(
+    ("path", "wrong"),
+    [
+        ("conftest.py", False),
+        ("__init__.py", False),
+        ("unit/test_session.py", False),
+        ("integration/conftest.py", False),
+        ("system/test_soak.py", False),
+        ("support/helpers.py", False),
+        ("support/__init__.py", False),
+        ("test_session.py", True),  # at the top, in no tier
+        ("helpers.py", True),
+        ("fuzz/test_fuzz.py", True),  # a fourth folder
+        ("unit/items.py", True),  # a helper beside the tests: it belongs in support/
+        ("support/test_helpers.py", True),
+    ],
+)
+def test_the_layout_rule(path: str, wrong: bool) -> None:
+    assert out_of_place(path) is wrong
+
+
+@pytest.mark.parametrize("path", UNIT_FILES, ids=rel)
+def test_unit_tests_start_no_process_and_open_no_socket(path: Path) -> None:
+    assert processes_and_sockets(path.read_text(encoding="utf-8")) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import subprocess",
+        "from subprocess import run",
+        "import socket",
+        "import multiprocessing.pool",
+        "proc = await asyncio.create_subprocess_exec('wsmode')",
+        "reader, writer = await asyncio.open_connection('127.0.0.1', 80)",
+        "os.system('ls')",
+        "from tests.support.helpers import running",
+        "from tests.support.redis_server import redis_server_process",
+        "async def test_x(proxy: Proxy) -> None:\n    pass",
+        "def test_x(tmp_path, llamacpp):\n    pass",
+    ],
+)
+def test_scanner_catches_processes_and_sockets(source: str) -> None:
+    assert len(processes_and_sockets(source)) == 1
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import asyncio",
+        "from tests.support.helpers import proxy_settings, seconds, until",
+        "from tests.support.session import make_session",
+        "from wsmode.core import session",
+        "def test_x(tmp_path, monkeypatch):\n    pass",
+        "path = os.path.join('a', 'b')",
+        "server = make_session()",  # a name, not a server
+    ],
+)
+def test_scanner_allows_in_process_code(source: str) -> None:
+    assert processes_and_sockets(source) == []
+
+
+def test_pyproject_runs_every_tier_and_knows_their_markers() -> None:
+    pyproject = tomllib.loads((TESTS.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    ini = pyproject["tool"]["pytest"]["ini_options"]
+    assert ini["testpaths"] == [f"tests/{tier}" for tier in TIERS]  # fast tier first
+    assert "--strict-markers" in ini["addopts"].split()
+    declared = {marker.split(":")[0] for marker in ini["markers"]}
+    assert set(TIERS) <= declared
+    # every test has a time limit; `thread` ends a hang that a signal would not interrupt
+    assert float(ini["timeout"]) > 0 and ini["timeout_method"] == "thread"
+
+
+def test_this_test_is_marked_with_its_tier(request: pytest.FixtureRequest) -> None:
+    marks = {tier for tier in TIERS if request.node.get_closest_marker(tier) is not None}
+    assert marks == {"unit"}
 
 
 @pytest.mark.parametrize("path", FILES, ids=rel)
@@ -119,9 +300,9 @@ def test_scanner_catches_test_module_imports(source: str) -> None:
 @pytest.mark.parametrize(
     "source",
     [
-        "from tests.helpers import seconds, until",
-        "from tests.unit.session_helpers import make_session",
-        "import tests.chat_streams",
+        "from tests.support.helpers import seconds, until",
+        "from tests.support.session import make_session",
+        "import tests.support.chat_streams",
         "from wsmode.core import session",
         "import pytest",
         "from aiohttp.test_utils import TestServer",  # a library's module, not one of ours

@@ -1,6 +1,7 @@
 """The nesting bound (core/wire.py `MAX_DEPTH`), URL redaction (core/urls.py, logs.py,
-config.redacted) and the rate-limit headers of an upstream error: the pieces of issue 11's
-items 8, 10 and 11 that need no socket."""
+config.redacted) and the rate-limit headers of an upstream error: the parts of the hostile
+input and upstream checks (tests/integration/test_hostile_inputs.py, test_hostile_upstream.py)
+that need no socket."""
 
 from __future__ import annotations
 

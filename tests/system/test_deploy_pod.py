@@ -18,8 +18,8 @@ import aiohttp
 import pytest
 from openai import AuthenticationError
 
-from tests.deploy_files import deployed_toml, pod_env, resource, wsmode_container
-from tests.helpers import (
+from tests.support.deploy_files import deployed_toml, pod_env, resource, wsmode_container
+from tests.support.helpers import (
     Sim,
     free_port,
     running,
@@ -106,6 +106,7 @@ def test_the_example_redis_keeps_nothing_on_disk(tmp_path: Path) -> None:
                     capture_output=True,
                     text=True,
                     check=False,
+                    timeout=seconds(10),
                 )
                 return done.stdout.splitlines() if done.returncode == 0 else []
 

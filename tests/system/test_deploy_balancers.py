@@ -18,8 +18,8 @@ import pytest
 from wsmode.core.sse import SSEDecoder
 from wsmode.ops.middleware import OPS
 
-from tests.deploy_files import HAPROXY_CFG, NGINX_CONF
-from tests.helpers import (
+from tests.support.deploy_files import HAPROXY_CFG, NGINX_CONF
+from tests.support.helpers import (
     Proxy,
     Sim,
     free_port,

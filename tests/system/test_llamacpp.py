@@ -2,7 +2,7 @@
 wsmode over WebSocket mode. Protocol properties are asserted, never the model's wording.
 
 The server and model come from ../shared/upstreams: the fixture (`llamacpp` in conftest.py,
-started once per session by tests/llamacpp_server.py) installs them into
+started once per session by tests/support/llamacpp_server.py) installs them into
 `.upstreams/llamacpp` (gitignored) when missing, about 10 s plus the model download, then
 starts the server on a free loopback port. Without ../shared the tests skip, unless
 REQUIRE_LLAMACPP_UPSTREAM is set (CI sets it), when they fail.
@@ -10,6 +10,7 @@ REQUIRE_LLAMACPP_UPSTREAM is set (CI sets it), when they fail.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,12 +18,14 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.chat_streams import SHARED_UPSTREAMS
-from tests.event_checks import check_sequence
-from tests.helpers import Proxy, create, send, until_terminal
-from tests.llamacpp_server import TURN_TIMEOUT
+from tests.support.chat_streams import SHARED_UPSTREAMS
+from tests.support.event_checks import check_sequence
+from tests.support.helpers import Proxy, create, seconds, send, until_terminal
+from tests.support.llamacpp_server import TURN_TIMEOUT
 
-pytestmark = pytest.mark.llamacpp
+# The first test that asks for the server may install it (about 10 s plus the model download,
+# tests/support/llamacpp_server.py) and start it; a test itself takes up to 12 s here.
+pytestmark = [pytest.mark.llamacpp, pytest.mark.timeout(seconds(600))]
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
 
@@ -121,8 +124,9 @@ async def test_repaired_responses_stream_and_auto(
         extra_body={"stop": doc["stop"]},
         **stream_kwargs,
     ) as stream:
-        kinds = [event.type async for event in stream]
-        final = await stream.get_final_response()
+        async with asyncio.timeout(seconds(TURN_TIMEOUT)):
+            kinds = [event.type async for event in stream]
+            final = await stream.get_final_response()
     assert kinds[0] == "response.created" and kinds[-1] in (
         "response.completed",
         "response.incomplete",

@@ -20,10 +20,13 @@ from typing import Any
 import pytest
 from wsmode.core.context.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
 
-from tests.helpers import seconds
+from tests.support.helpers import seconds
 
 CODEX = os.environ.get("CODEX_BIN", "")
-pytestmark = pytest.mark.skipif(not CODEX, reason="set CODEX_BIN to run Codex CLI")
+pytestmark = [
+    pytest.mark.skipif(not CODEX, reason="set CODEX_BIN to run Codex CLI"),
+    pytest.mark.timeout(seconds(240)),  # `codex exec` has 120 s (below), the proxy's start aside
+]
 
 
 async def _codex_exec(

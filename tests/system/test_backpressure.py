@@ -21,7 +21,7 @@ from websockets.asyncio.client import connect
 from wsmode.ops.middleware import OPS
 from wsmode.ws_front import ClientConnection as Conn
 
-from tests.helpers import (
+from tests.support.helpers import (
     Proxy,
     Sim,
     create,
@@ -159,7 +159,7 @@ async def stalled_sse_post(proxy: Proxy) -> asyncio.StreamWriter:
         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
     )
     await writer.drain()
-    assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+    assert (await asyncio.wait_for(reader.readline(), seconds(10))).startswith(b"HTTP/1.1 200")
     return writer
 
 

@@ -16,8 +16,8 @@ from typing import NoReturn
 
 import pytest
 
-from tests.chat_streams import ROOT, SHARED_UPSTREAMS
-from tests.helpers import until_sync
+from tests.support.chat_streams import ROOT, SHARED_UPSTREAMS
+from tests.support.helpers import until_sync
 
 CACHE = Path(os.environ.get("LLAMACPP_UPSTREAM_DIR", ROOT / ".upstreams")) / "llamacpp"
 MODEL = CACHE / "models" / "gemma-3-270m-q4_k_m.gguf"

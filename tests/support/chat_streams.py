@@ -13,7 +13,7 @@ from wsmode.core.dialects.chat import ChatDialect
 from wsmode.core.dialects.responses import ResponsesDialect
 from wsmode.core.sse import SSEDecoder
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "chat_streams"
 # CI and the worktrees have the shared material at ../shared relative to the checkout.
 SHARED_UPSTREAMS = ROOT.parent / "shared" / "upstreams"

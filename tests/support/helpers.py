@@ -1,10 +1,10 @@
 """What the tests share: the scaled time unit, servers on 127.0.0.1, WebSocket and HTTP
 clients, `wsmode` subprocesses, /metrics scraping, and `until(...)` for waiting.
 
-Test files import from here (or from the other helper modules: `tests.chat_streams`,
-`tests.event_checks`, `tests.unit.items`, `tests.unit.session_helpers`), never from one
-another, so a test module can be renamed, split or deleted without breaking others;
-`tests/conftest.py` holds only the fixtures.
+Test files import from here (or from the other helper modules of `tests.support`:
+`chat_streams`, `event_checks`, `items`, `session`, ...), never from one another, so a test
+module can be renamed, split or deleted without breaking others; `tests/conftest.py` holds
+only the fixtures.
 
 Time has one unit, `seconds(n)`, scaled by TEST_TIME_SCALE on slow machines. It bounds how
 long a broken test waits (a timeout, a poll's deadline) and stretches the waits that are part

@@ -7,9 +7,12 @@ import re
 import subprocess
 import sys
 
-from tests.helpers import seconds
+import pytest
+
+from tests.support.helpers import seconds
 
 
+@pytest.mark.timeout(seconds(240))  # about 9 s here; its own bound on the soak is 180 s
 def test_short_soak_passes() -> None:
     connections = 6
     out = subprocess.run(

@@ -24,7 +24,7 @@ import pytest
 from openai import AsyncOpenAI
 from playwright.async_api import Locator, Page, Route, async_playwright
 
-from tests.helpers import Proxy, Sim, sample, scrape, sdk_chain, sdk_terminal, seconds
+from tests.support.helpers import Proxy, Sim, sample, scrape, sdk_chain, sdk_terminal, seconds
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [

@@ -13,7 +13,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 from wsmode.config import Settings, load_settings
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
 HAPROXY_CFG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
 NGINX_CONF = ROOT / "deploy" / "nginx" / "wsmode.conf"
@@ -104,3 +104,17 @@ def deployed_toml(tmp_path: Path) -> str:
 
 def deployed_settings(tmp_path: Path) -> Settings:
     return load(deployed_toml(tmp_path), tmp_path)
+
+
+# ---------------------------------------------------------------- the nginx config
+
+
+def nginx_wrapper(tmp_path: Path) -> Path:
+    """A whole nginx.conf around the reference file (which goes in an `http` block)."""
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(
+        f"pid {tmp_path}/nginx.pid;\n"
+        "events {}\n"
+        f"http {{\n    access_log off;\n    include {NGINX_CONF};\n}}\n"
+    )
+    return conf

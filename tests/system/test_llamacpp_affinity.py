@@ -11,9 +11,11 @@ slot keeps the last prompt and its host-memory prompt cache (`cache_ram_mib`, 8 
 default) keeps earlier ones, so a server that saw a conversation's previous turn finds it
 again; a server that never saw it computes the whole prompt.
 
-`test_llamacpp_reports_the_prompt_cache_per_server` runs now. The two wsmode tests need the
-upstream pool of issue 13 (`upstream.urls`, `upstream.affinity`): they skip while wsmode has
-no such keys (say so in the report) and run after the pool is merged.
+`test_llamacpp_reports_the_prompt_cache_per_server` checks those reports against llama.cpp
+itself. The two wsmode tests put wsmode's upstream pool (`upstream.urls`, `upstream.affinity`,
+docs/pool.md) in front of both servers: with conversation affinity every later turn is served
+from the cache of the server that has the history; without it (round robin) a turn that
+lands on the server that never saw the conversation is computed whole.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ import pytest
 from websockets.asyncio.client import connect
 from wsmode.core.sse import SSEDecoder
 
-from tests.helpers import Proxy, create, send, until_terminal, user
-from tests.llamacpp_server import TURN_TIMEOUT
+from tests.support.helpers import Proxy, create, seconds, send, until_terminal, user
+from tests.support.llamacpp_server import TURN_TIMEOUT
 
-pytestmark = pytest.mark.llamacpp
+# The first test that asks for the servers may install it (about 10 s plus the model download,
+# tests/support/llamacpp_server.py) and start them; a test itself takes up to 3 s here.
+pytestmark = [pytest.mark.llamacpp, pytest.mark.timeout(seconds(600))]
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
 MODEL = "gemma-3-270m"

@@ -17,7 +17,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from wsmode.config import load_settings
 
-from tests.helpers import free_port, running, seconds, until, wait_healthy
+from tests.support.helpers import free_port, running, seconds, until, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()

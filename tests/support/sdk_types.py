@@ -12,11 +12,14 @@ must be present.
 wsmode's own events that are no SDK type are listed in `EXTENSIONS` and only those are
 skipped; today there are none: steering's events are SDK types, a cancel ends with an SDK
 `response.incomplete`, and errors use the SDK's WebSocket `error` envelope.
+
+`Client` is a WebSocket client that checks every event it receives this way.
 """
 
 from __future__ import annotations
 
 import typing
+from collections import Counter
 from typing import Any
 
 from openai.types.responses import (
@@ -25,8 +28,10 @@ from openai.types.responses import (
     ResponseStreamEvent,
 )
 from pydantic import BaseModel
+from websockets.asyncio.client import ClientConnection
 
-from tests.event_checks import RESPONSE_FIELDS
+from tests.support.event_checks import RESPONSE_FIELDS
+from tests.support.helpers import TERMINAL, create, recv, send
 
 # wsmode's extension events (not SDK types): skipped by name, nothing else is.
 EXTENSIONS: frozenset[str] = frozenset()
@@ -98,3 +103,29 @@ def check_ws_event(ev: dict[str, Any]) -> str:
 def check_sse_event(ev: dict[str, Any]) -> str:
     """One HTTP SSE event (`ResponseStreamEvent`); returns its type."""
     return _check(ev, SSE_MODELS)
+
+
+# ------------------------------------------------------------------ a checking client
+
+
+class Client:
+    """A WebSocket client that validates every event it receives and counts their types."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.seen: Counter[str] = Counter()
+
+    async def next(self, timeout: float = 10) -> dict[str, Any]:
+        ev = await recv(self.ws, timeout)
+        self.seen[check_ws_event(ev)] += 1
+        return ev
+
+    async def until(self, *kinds: str, timeout: float = 10) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        while not events or events[-1]["type"] not in kinds:
+            events.append(await self.next(timeout))
+        return events
+
+    async def turn(self, timeout: float = 10, **fields: Any) -> list[dict[str, Any]]:
+        await send(self.ws, create(**{"store": False, **fields}))
+        return await self.until(*TERMINAL, timeout=timeout)

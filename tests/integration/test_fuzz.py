@@ -20,10 +20,12 @@ from wsmode.core.sse import SSEDecoder
 from wsmode.sim.events import response_events
 from wsmode.sim.model import plan
 
-from tests.fuzz.harness import Stack, start_stack
-from tests.helpers import create, user
+from tests.support.fuzz_harness import Stack, start_stack
+from tests.support.helpers import create, seconds, user
 
 EXAMPLES = int(os.environ.get("WSMODE_FUZZ_EXAMPLES", "150"))
+# 150 examples take about 4 s here: a second an example, and never less than the default
+pytestmark = pytest.mark.timeout(seconds(max(120, EXAMPLES)))
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 import pytest
 import redis
 
-from tests.helpers import free_port, running, seconds, until_sync
+from tests.support.helpers import free_port, running, seconds, until_sync
 
 BINARY = shutil.which("redis-server") or "/usr/bin/redis-server"
 _NO_PERSISTENCE = ("--save", "", "--appendonly", "no", "--protected-mode", "no")

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.helpers import (
+from tests.support.helpers import (
     create,
     free_port,
     running,

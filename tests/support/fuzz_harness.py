@@ -28,7 +28,7 @@ from wsmode.ops.middleware import OPS
 from wsmode.runtime import APP_STATE
 from wsmode.sim.app import SIM_STATE, create_sim_app
 
-from tests.helpers import FAST_SIM, Served, serve, until
+from tests.support.helpers import FAST_SIM, Served, serve, until
 
 T = TypeVar("T")
 

@@ -24,12 +24,14 @@ from pathlib import Path, PurePosixPath
 import pytest
 import wsmode
 
-from tests.helpers import seconds
+from tests.support.helpers import seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "proxy"
 # proxy.py, the distribution whose top-level `proxy` package collided with the old layout
 PROXY_PY = "proxy.py>=2.4,<2.5"
+# the first test builds the wheel (pip, up to 120 s of its own; 4 s here)
+pytestmark = pytest.mark.timeout(seconds(300))
 
 
 def clean_env() -> dict[str, str]:
@@ -157,6 +159,7 @@ def venv_beside_proxy_py(wheel: Path, root: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(seconds(600))  # a venv and two installs from PyPI, 120 s each; 6 s here
 def test_wsmode_runs_with_proxy_py_installed_beside_it(wheel: Path, tmp_path: Path) -> None:
     """The reported breakage, for real: proxy.py from PyPI installed beside the built wheel
     (on the layout before the rename this failed with the ImportError quoted above)."""

@@ -11,8 +11,8 @@ from wsmode.core.context.sealing import Sealer
 from wsmode.core.conversation import EMPTY, CachedResponse, Segment
 from wsmode.core.request import CreateRequest, parse_create
 
-from tests.unit.items import assistant, b, user
-from tests.unit.session_helpers import context_settings
+from tests.support.items import assistant, b, user
+from tests.support.session import context_settings
 
 SEALER = Sealer(bytes(range(32)))
 OWNER = "owner-a"

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import seconds
+import pytest
+
+from tests.support.helpers import seconds
 
 
+@pytest.mark.timeout(seconds(240))  # about 9 s here; its own bound on the bench is 180 s
 def test_bench_prints_progress_per_scenario_on_stderr(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "wsmode", "bench", "--smoke", "--link", "shim"]
     proc = subprocess.run(
