@@ -59,7 +59,7 @@ class Admission:
         the creates already waiting; `check`: the context manager's checks of the request;
         `socket`: a WebSocket message (over HTTP there are no lanes)."""
         req = parse_create(body, socket=socket)
-        if check is not None:
+        if check is not None and not req.plain:
             check(req)
         if queued >= self.limits.max_queued_per_connection:
             raise ClientError(

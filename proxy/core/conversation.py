@@ -125,6 +125,9 @@ class CachedResponse:
     # chain's first response: where the chain's next turn goes, and the session key upstream
     replica: str | None = None
     chain: str | None = None
+    # its history may hold a compaction item (a byte scan of every segment added: see
+    # `holds_compaction`), so a turn continuing it needs the context manager to render it
+    compactions: bool = False
 
     def items(self) -> Iterator[bytes]:
         for seg in self.segments:
@@ -170,7 +173,14 @@ class CachedResponse:
             unmoderated,
             replica if replica is not None else self.replica,
             chain if chain is not None else self.chain,
+            self.compactions or compacted or opaque or holds_compaction(added.items),
         )
+
+
+def holds_compaction(items: Iterable[bytes]) -> bool:
+    """Whether any of these items may be a compaction item (docs/protocol.md "Compaction"):
+    its type's name is in its bytes. A false positive only costs a closer look."""
+    return any(b'"compaction' in item for item in items)
 
 
 EMPTY = CachedResponse("", None, ())

@@ -49,6 +49,7 @@ from .errors import (
     UpstreamError,
     no_tool_call,
     previous_response_not_found,
+    response_failure,
     reused_response_id,
     stored_response_unavailable,
 )
@@ -139,7 +140,7 @@ class RunDriver:
 
     def _begin(self, run: Run) -> list[Action]:
         """A run whose parent (if it names one) is found: check, then start it."""
-        if run.parent is not None:
+        if run.parent is not None and self.steering.waiting:
             self.steering.apply_waiting(run)
         req = run.req
         run.chain = self.planner.chain_of(run)
@@ -149,23 +150,38 @@ class RunDriver:
             return self._refuse(run, refused, refused=refused.code or "no_tool_call")
         if not req.generate:
             return self._warmup(run)
-        if self.context is not None and has_trigger(req.input_items):
+        if self.context is not None and not req.plain and has_trigger(req.input_items):
             return self.compacting.trigger(run)
         run.native = self.planner.can_go_native(run, self.policy)
         out: list[Action] = []
-        # a native run is managed too when it could need it: then it is sent in full
-        # unless nothing was compacted, truncated or expanded (ContextManager.native_ok)
-        if self.context is not None and (not run.native or self.context.manages(req)):
+        context = self.context
+        if context is not None and self._managed(run):
             try:
-                run.context = self.context.prepare(run.parent, req, self.owner)
+                run.context = context.prepare(run.parent, req, self.owner)
             except ClientError as err:  # the window is exceeded, ...
                 return self._refuse(run, err)
             if run.context.jobs:
                 out.append(CountTokens(run.context.jobs))
-            run.native = run.native and self.context.native_ok(run.context)
+            run.native = run.native and context.native_ok(run.context)
         if run.context is not None and run.context.cut is not None:
             return [*out, *self.compacting.summarise_first(run)]
         return [*out, *self._request(run)]
+
+    def _managed(self, run: Run) -> bool:
+        """The context manager prepares the run's input when it could change what is sent:
+        a window to fit, a compaction asked for, compaction items to render. A native run so
+        prepared is sent in full unless nothing changed (`ContextManager.native_ok`)."""
+        context = self.context
+        if context is None:
+            return False
+        if run.native:
+            return context.manages(run.req)
+        parent = run.parent
+        return (
+            not run.req.plain
+            or context.settings.context_window > 0
+            or (parent is not None and parent.compactions)
+        )
 
     def _request(self, run: Run) -> list[Action]:
         """The run's upstream request, or the refusal the dialect leaves (chat:
@@ -263,7 +279,7 @@ class RunDriver:
         sends = [Send(f) for f in sent]
         if stream.outcome is not None:
             if sends:
-                sends[-1].final = stream.response
+                self._final(run, sends[-1])
             return self._finish_stream(run, sends)
         out: list[Action] = list(sends)
         if run.steers and at_boundary(run):
@@ -281,9 +297,23 @@ class RunDriver:
         sends = [Send(run.lane_frame(f)) for f in sent]
         if run.stream.outcome is not None:
             if sends:
-                sends[-1].final = run.stream.response
+                self._final(run, sends[-1])
             return self._finish_stream(run, sends)
         return list(sends)
+
+    def _final(self, run: Run, last: Send) -> None:
+        """The terminal event `last` carries the response object; an upstream that reported no
+        usage gets the proxy's estimate in it, when the turn has one (`Run.estimate_usage`)."""
+        stream = run.stream
+        assert stream is not None
+        response = stream.response
+        last.final = response
+        if run.estimate_usage is None or response is None:
+            return
+        if isinstance(response.get("usage"), dict):
+            return
+        response["usage"] = run.estimate_usage(stream.output)
+        last.frame = frames.with_usage(last.frame, response["usage"])
 
     def _upstream_failed(self, run_id: int, err: UpstreamError) -> list[Action]:
         """The upstream request failed: an HTTP error status, a connect error, a stall, a cut."""
@@ -333,7 +363,7 @@ class RunDriver:
                 usage if isinstance(usage, dict) else None,
                 output_items=len(stream.output),
                 response=response or None,
-                error=_failure_of(response) if outcome is Outcome.FAILED else None,
+                error=response_failure(response) if outcome is Outcome.FAILED else None,
             )
 
         return self._after(run, save, rest)
@@ -465,20 +495,6 @@ def created(run: Run) -> RunCreated:
     """A run exists: its lane, its parent and its new input go with it (for the console)."""
     req = run.req
     return RunCreated(run.id, req.lane, req.previous_response_id, req.input_items)
-
-
-def _failure_of(response: dict[str, Any]) -> ProxyError | None:
-    """The error of a `response.failed` the upstream sent, as the proxy's own error type."""
-    err = response.get("error")
-    if not isinstance(err, dict):
-        return None
-    code = err.get("code")
-    message = err.get("message")
-    return UpstreamError(
-        message if isinstance(message, str) else "The response failed.",
-        code=code if isinstance(code, str) else None,
-        started=True,
-    )
 
 
 __all__ = ["IN_FLIGHT", "RunDriver", "created"]

@@ -253,3 +253,17 @@ def upstream_http_error(
         type=etype,
         headers=rate_limit_headers(headers),
     )
+
+
+def response_failure(response: dict[str, Any]) -> ProxyError | None:
+    """The error of a `response.failed` the upstream sent, as the proxy's own error type."""
+    err = response.get("error")
+    if not isinstance(err, dict):
+        return None
+    code = err.get("code")
+    message = err.get("message")
+    return UpstreamError(
+        message if isinstance(message, str) else "The response failed.",
+        code=code if isinstance(code, str) else None,
+        started=True,
+    )

@@ -29,10 +29,18 @@ def event(ev: dict[str, Any], lane: str | None) -> Send:
     return Send(wire.dumps(ev), final=final)
 
 
+def with_usage(frame: bytes, usage: dict[str, Any]) -> bytes:
+    """A terminal event whose response reported no usage, with the proxy's estimate in it."""
+    ev = wire.loads(frame)
+    if isinstance(ev.get("response"), dict):
+        ev["response"]["usage"] = usage
+    return wire.dumps(ev)
+
+
 def reject(err: ProxyError, lane: str | None = None) -> list[Action]:
     """A create, steer or cancel refused: only the `error` (an invalid `stream_id` is never
     echoed: the caller passes None then)."""
     return [error(err, lane)]
 
 
-__all__ = ["error", "event", "reject"]
+__all__ = ["error", "event", "reject", "with_usage"]

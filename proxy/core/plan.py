@@ -88,6 +88,8 @@ class Planner:
         else:
             parent = run.parent or EMPTY
             items = [*parent.items(), *req.input_items]
+            if self.context is not None:  # usage the upstream does not report is estimated
+                run.estimate_usage = partial(self.context.usage_of_items, settings, items)
         if session_key:
             extra["prompt_cache_key"] = chain
         if policy.llamacpp_slots:

@@ -23,7 +23,7 @@ from .actions import SaveStored
 from .context.compaction import compaction_of
 from .context.manager import ContextManager
 from .context.trigger import CompactionStream
-from .conversation import EMPTY, NO_CALLS, ResponseCache, Segment, index_calls
+from .conversation import EMPTY, NO_CALLS, ResponseCache, Segment, holds_compaction, index_calls
 from .runs import Run
 from .store import StoredResponse
 
@@ -115,7 +115,7 @@ class Recorder:
     def visible(self, items: tuple[bytes, ...]) -> tuple[tuple[bytes, ...], bool]:
         """The new input as the call index sees it: compaction items expanded when they are
         this proxy's own; `True` if one holds what the proxy cannot see (the upstream's)."""
-        if not any(compaction_of(item) is not None for item in items):
+        if not holds_compaction(items) or all(compaction_of(i) is None for i in items):
             return items, False
         if self.context is None:
             return items, True

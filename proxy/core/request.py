@@ -25,6 +25,7 @@ from . import wire
 from .errors import ClientError, invalid, missing, wrong_type
 
 STREAM_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,256}")
+_COMPACTION = b'"compaction'  # in every compaction item and trigger, as its type
 
 # Fields of the socket envelope or of one client, never forwarded upstream.
 WS_ONLY_FIELDS = frozenset(
@@ -68,6 +69,10 @@ class CreateRequest:
     input_items: tuple[bytes, ...]  # the new input, each item serialised once
     settings: dict[str, Any]  # forwarded fields, without input / previous id / store
     body: dict[str, Any]  # the create as the client sent it (echoed in response objects)
+    # nothing in it for the context manager: no `context_management`, no `truncation`, no
+    # input item that could be a compaction item or trigger (a byte scan, so an item that
+    # only mentions the word is not plain either: the context manager then looks closer)
+    plain: bool = False
 
 
 def check_stream_id(value: object) -> str | None:
@@ -160,6 +165,11 @@ def parse_create(body: dict[str, Any], *, socket: bool = True) -> CreateRequest:
         input_items=items,
         settings=settings,
         body=body,
+        plain=(
+            "context_management" not in body
+            and "truncation" not in body
+            and not any(_COMPACTION in item for item in items)
+        ),
     )
 
 

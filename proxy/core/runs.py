@@ -125,6 +125,9 @@ class Run:
     context: Prepared | None = None  # the prepared upstream input (ContextManager)
     response_id: str | None = None  # the upstream's id for it, once seen and found unused
     decoder: SSEDecoder | None = None  # its upstream's event stream, set with `stream`
+    # for a turn the context manager did not prepare: the proxy's usage estimate, for an
+    # upstream that reports none (a prepared turn's ManagedStream fills it in instead)
+    estimate_usage: Callable[[list[Any]], dict[str, Any]] | None = None
     # SAVING: the rest of its ending, released by the store's answer (the theory above)
     after_save: Callable[[], list[Action]] | None = None
 

@@ -87,7 +87,9 @@ class Steering:
         self.max_pending = max_pending  # per run; eight times that across the connection
         self.new_id = new_id
         self.next_run_id = next_run_id
-        self._waiting: dict[str, list[Steer]] = {}  # response id -> steers awaiting a create
+        # response id -> steers awaiting the client's create (read by the session, which
+        # asks `apply_waiting` only when there are any)
+        self.waiting: dict[str, list[Steer]] = {}
 
     def steer(
         self, msg: dict[str, Any], run: Run | None, runs: Collection[Run]
@@ -99,7 +101,7 @@ class Steering:
         try:
             req = parse_steer(msg)
             if run is None:
-                known = self.cache.peek(req.target) is not None or req.target in self._waiting
+                known = self.cache.peek(req.target) is not None or req.target in self.waiting
                 if known:
                     raise SteerRejected(
                         "response_already_completed", f"Response '{req.target}' has finished."
@@ -124,7 +126,7 @@ class Steering:
                     "This response cannot be steered (steering is off, or it uses compaction "
                     "or a conversation).",
                 )
-            waiting = sum(len(v) for v in self._waiting.values())
+            waiting = sum(len(v) for v in self.waiting.values())
             cap = self.max_pending
             if len(run.steers) >= cap or waiting >= cap * 8:
                 raise SteerRejected("too_many_pending_steers", "Too much steering input is queued.")
@@ -158,7 +160,7 @@ class Steering:
         entry = self.cache.peek(target)
         if entry is not None:
             return entry.lane
-        if waiting := self._waiting.get(target):
+        if waiting := self.waiting.get(target):
             return waiting[0].lane
         for r in runs:
             if r.stream is not None and r.stream.response_id == target:
@@ -176,7 +178,7 @@ class Steering:
         stubs = required_input(run.stream.output)
         if not stubs:
             return [], self.successor(run, rid, steers)
-        self._waiting.setdefault(rid, []).extend(steers)
+        self.waiting.setdefault(rid, []).extend(steers)
         lane = run.req.lane
         if any(q.req.previous_response_id == rid and q.req.lane == lane for q in queue):
             return [], None
@@ -207,10 +209,10 @@ class Steering:
         and before the rest; the request keeps its own settings. The conversation holds
         the items in this order, the order they went upstream."""
         rid = run.req.previous_response_id
-        steers = self._waiting.get(rid or "")
+        steers = self.waiting.get(rid or "")
         if not steers or steers[0].lane != run.req.lane:
             return
-        del self._waiting[rid or ""]
+        del self.waiting[rid or ""]
         items = tuple(item for steer in steers for item in steer.request.items)
         own = run.req.input_items
         n = _leading_tool_outputs(own)
@@ -230,7 +232,7 @@ class Steering:
         return out
 
     def clear(self) -> None:
-        self._waiting.clear()
+        self.waiting.clear()
 
 
 # The calls a response leaves to the client, as the upstreams wsmode fronts make them

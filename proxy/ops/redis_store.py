@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 from immutables import Map
 
 from ..core import wire
-from ..core.conversation import CachedResponse, Segment
+from ..core.conversation import CachedResponse, Segment, holds_compaction
 from ..core.store import StoredResponse, StoreUnavailable, WriteResult
 from .metrics import Metrics
 
@@ -154,6 +154,7 @@ def decode(rid: str, reply: Sequence[bytes]) -> StoredResponse | None:
         tuple(own["unmoderated"]),
         own.get("replica"),
         own.get("chain"),
+        any(holds_compaction(seg.items) for seg in segments),
     )
     return StoredResponse(entry, bytes(reply[0]), own["inputs"])
 

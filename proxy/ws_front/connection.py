@@ -69,6 +69,7 @@ class ClientConnection:
         self.ops = request.app[OPS]
         self.id = new_id("conn")[:17]
         s = state.settings
+        self.server = s.server  # read on every message and write
         self.ws = web.WebSocketResponse(
             max_msg_size=s.server.max_message_bytes,
             compress=s.server.compression,
@@ -117,10 +118,10 @@ class ClientConnection:
         try:
             async with asyncio.TaskGroup() as tg:
                 self.tg = tg
-                lifetime = self.state.settings.server.connection_lifetime_seconds
+                lifetime = self.server.connection_lifetime_seconds
                 timer = tg.create_task(self._expire_after(lifetime)) if lifetime > 0 else None
                 if self.draining:  # drain began between the handshake and here
-                    grace = self.state.settings.server.drain_grace_seconds
+                    grace = self.server.drain_grace_seconds
                     self._drain_task = tg.create_task(self._drain(grace))
                 try:
                     await self._read()
@@ -165,7 +166,7 @@ class ClientConnection:
         transport = self.request.transport
         if transport is None:
             return
-        limit = self.state.settings.server.outbound_buffer_bytes
+        limit = self.server.outbound_buffer_bytes
         transport.set_write_buffer_limits(high=limit // 2)
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -214,7 +215,7 @@ class ClientConnection:
     async def _read(self) -> None:
         ws = self.ws
         loop = asyncio.get_running_loop()
-        s = self.state.settings.server
+        s = self.server
         rate = ReadRate(
             s.max_frames_per_second, s.max_bytes_per_second, s.max_message_bytes, loop.time()
         )
@@ -278,7 +279,7 @@ class ClientConnection:
         except WriteStalled:
             # leaving the stream closed the upstream request; the session fails the response
             # (its events queue behind what the client has not read) and frees the lane
-            timeout = self.state.settings.server.send_timeout
+            timeout = self.server.send_timeout
             log.warning(
                 "connection %s: client read nothing for %gs; response cancelled", self.id, timeout
             )
@@ -341,7 +342,7 @@ class ClientConnection:
         paused: the buffer then stays within `server.outbound_buffer_bytes` (plus one frame)
         however large a chunk the upstream delivered after a pause. A wait that times out
         still queues the rest, in order, then raises TimeoutError."""
-        batch = self.state.settings.server.outbound_buffer_bytes // 2
+        batch = self.server.outbound_buffer_bytes // 2
         parts: list[bytes] = []
         pending = 0
         for index, frame in enumerate(frames):

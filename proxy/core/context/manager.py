@@ -137,7 +137,17 @@ class ContextManager(Summariser):
         """Usage from the proxy's counts, for an upstream that reports none."""
         settings_tokens = prep.settings_tokens or self._settings_tokens(prep.settings)
         counts = prep.counts or [self.estimator.item(i) for i in prep.items]
-        input_tokens = sum(counts) + settings_tokens
+        return self._usage(sum(counts) + settings_tokens, output)
+
+    def usage_of_items(
+        self, settings: dict[str, Any], items: Sequence[bytes], output: Sequence[Any]
+    ) -> dict[str, Any]:
+        """Usage estimated for a turn the manager did not prepare (nothing to manage), for
+        an upstream that reports none."""
+        counts = sum(self.estimator.item(i) for i in items)
+        return self._usage(counts + self._settings_tokens(settings), output)
+
+    def _usage(self, input_tokens: int, output: Sequence[Any]) -> dict[str, Any]:
         out = sum(self.estimator.of_bytes(len(wire.dumps(item))) for item in output)
         return usage_of(input_tokens, out)
 
