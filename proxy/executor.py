@@ -46,6 +46,7 @@ from .core.actions import (
     StartUpstream,
     Summarise,
 )
+from .core.context.tokens import TokenJob
 from .core.errors import UpstreamError
 from .core.events import (
     Event,
@@ -53,6 +54,7 @@ from .core.events import (
     StoredSaved,
     SummaryDone,
     SummaryFailed,
+    TokensCounted,
     UpstreamChunk,
     UpstreamFailed,
 )
@@ -166,7 +168,8 @@ class Executor:
                     leave = _worst(leave, await self._save(action, run_id))
                 case CountTokens():
                     if self.tokenizer is not None:
-                        self.tokenizer.submit(action.jobs, self.runner.headers)
+                        counted = partial(self._counted, action)
+                        self.tokenizer.submit(action.jobs, self.runner.headers, counted)
                 case Close():
                     await self.front.close(action.code, action.reason)
                 case _:
@@ -186,6 +189,10 @@ class Executor:
         assert self.store is not None
         result = await self.store.save(action.stored, action.owner)
         return await self.handle(StoredSaved(action, result), run_id)
+
+    async def _counted(self, request: CountTokens, job: TokenJob, counts: list[int]) -> None:
+        """The tokenizer's answer to one job of `request` (it runs in the tokenizer's task)."""
+        await self.handle(TokensCounted(request, job, tuple(counts)))
 
     # ---- the work a front starts
 

@@ -14,7 +14,7 @@ actions to execute (proxy/core/actions.py). Three kinds:
   `InputRefused`);
 - **replies to the session's own requests**, each naming the action it answers:
   `StoredLoaded` (a `LoadStored`), `StoredSaved` (a `SaveStored`), `SummaryDone` and
-  `SummaryFailed` (a `Summarise`).
+  `SummaryFailed` (a `Summarise`), `TokensCounted` (one job of a `CountTokens`).
 
 A reply for a run that has ended meanwhile (cancelled, the client gone) is ignored.
 """
@@ -24,8 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .actions import LoadStored, SaveStored, StartUpstream, Summarise
+from .actions import CountTokens, LoadStored, SaveStored, StartUpstream, Summarise
 from .context.manager import SummaryResult
+from .context.tokens import TokenJob
 from .errors import ProxyError, UpstreamError
 from .store import StoredResponse, WriteResult
 
@@ -157,6 +158,15 @@ class SummaryFailed:
     error: UpstreamError
 
 
+@dataclass(frozen=True, slots=True)
+class TokensCounted:
+    """The upstream's tokenizer counted the items of `job`, one of `request`'s, exactly."""
+
+    request: CountTokens
+    job: TokenJob
+    counts: tuple[int, ...]
+
+
 Event = (
     ClientMessage
     | HttpCreate
@@ -174,6 +184,7 @@ Event = (
     | StoredSaved
     | SummaryDone
     | SummaryFailed
+    | TokensCounted
 )
 
 __all__ = [
@@ -191,6 +202,7 @@ __all__ = [
     "StoredSaved",
     "SummaryDone",
     "SummaryFailed",
+    "TokensCounted",
     "UpstreamChunk",
     "UpstreamEnded",
     "UpstreamFailed",

@@ -75,6 +75,7 @@ from .events import (
     StoredSaved,
     SummaryDone,
     SummaryFailed,
+    TokensCounted,
     UpstreamChunk,
     UpstreamEnded,
     UpstreamFailed,
@@ -156,6 +157,10 @@ class Session(RunDriver):
                 out = self.compacting.done(self._live(event.request.run_id), event.result)
             case SummaryFailed():
                 out = self.compacting.failed(self._live(event.request.run_id), event.error)
+            case TokensCounted():
+                if self.context is not None:  # the counts serve every later turn
+                    self.context.record_counts(event.job.target, event.counts)
+                return []
             case ClientStalled():
                 out = self._stalled(event.run_id, event.timeout)
             case ClientGone():

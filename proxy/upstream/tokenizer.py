@@ -1,19 +1,19 @@
 """Exact token counts from the upstream's tokenizer, in the background.
 
 The core hands out `CountTokens` jobs (items whose counts are still estimates); this
-worker asks the upstream's `POST /tokenize` (llama.cpp, vLLM) for each item's text and
-records the counts beside the items, off the request path: the estimate serves until the
-answer arrives. One worker per app, fed through a bounded queue
-(`tokens.max_pending_jobs`); a job that does not fit is dropped and its items keep their
-estimates. An upstream without the endpoint (404, 405, 501) switches exact counting off
-for the process after the first attempt.
+worker asks the upstream's `POST /tokenize` (llama.cpp, vLLM) for each item's text and hands
+the counts back to whoever submitted the job (the executor, which tells the session:
+`TokensCounted`), off the request path: the estimate serves until the answer arrives. One
+worker per app, fed through a bounded queue (`tokens.max_pending_jobs`); a job that does not
+fit is dropped and its items keep their estimates. An upstream without the endpoint (404,
+405, 501) switches exact counting off for the process after the first attempt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
 
@@ -26,6 +26,7 @@ from .client import UpstreamClient
 log = logging.getLogger("wsmode.tokens")
 
 _ABSENT = frozenset({404, 405, 501})
+Counted = Callable[[TokenJob, list[int]], Awaitable[None]]  # a job's exact counts, handed back
 
 
 def tokenize_url(setting: str, upstream_base: str) -> str:
@@ -49,25 +50,29 @@ class TokenizeWorker:
         self.upstream = upstream
         self.context = context
         self.url = url
-        self.queue: asyncio.Queue[tuple[TokenJob, Mapping[str, str]]] = asyncio.Queue(
+        self.queue: asyncio.Queue[tuple[TokenJob, Mapping[str, str], Counted]] = asyncio.Queue(
             max(1, max_pending)
         )
         self.counted = 0  # items given exact counts
         self.dropped = 0  # jobs dropped because the queue was full
 
-    def submit(self, jobs: tuple[TokenJob, ...], headers: Mapping[str, str]) -> None:
+    def submit(
+        self, jobs: tuple[TokenJob, ...], headers: Mapping[str, str], counted: Counted
+    ) -> None:
+        """Count the jobs' items with the client's `headers`; each job's exact counts go to
+        `counted` (a job that fails keeps its estimates)."""
         if not self.context.tokenize:
             return
         for job in jobs:
             try:
-                self.queue.put_nowait((job, dict(headers)))
+                self.queue.put_nowait((job, dict(headers), counted))
             except asyncio.QueueFull:
                 self.dropped += 1
                 job.target.queued = False  # offered again on a later turn
 
     async def run(self) -> None:
         while True:
-            job, headers = await self.queue.get()
+            job, headers, counted = await self.queue.get()
             if not self.context.tokenize:
                 continue
             counts: list[int] = []
@@ -78,8 +83,8 @@ class TokenizeWorker:
                     break
                 counts.append(exact_item(n, attachments))
             else:
-                self.context.record_counts(job.target, counts)
                 self.counted += len(counts)
+                await counted(job, counts)
 
     async def _body(self, resp: aiohttp.ClientResponse) -> bytes:
         """The answer, read up to `upstream.max_event_bytes` (a token list is ~6 bytes a

@@ -16,7 +16,7 @@ from wsmode.core.context.compaction import summary_message
 from wsmode.core.context.manager import SummaryResult
 from wsmode.core.context.sealing import Sealer
 from wsmode.core.errors import UpstreamError
-from wsmode.core.events import ClientGone
+from wsmode.core.events import ClientGone, TokensCounted
 from wsmode.core.session import Session
 
 from tests.support.session import (
@@ -274,3 +274,23 @@ def test_tokenizer_jobs_are_handed_to_the_adapter() -> None:
     out = send_create(s, input=[user("m")], previous_response_id=rid)
     (jobs,) = [a for a in out if isinstance(a, CountTokens)]
     assert len(jobs.jobs) == 1
+
+
+def test_the_tokenizers_counts_come_back_to_the_session_and_serve_later_turns() -> None:
+    """`TokensCounted` answers one job of a `CountTokens`: its items' counts become exact."""
+    s = make_context_session()
+    prev = long_conversation(s, 2)
+    with_window(s, context_window=100_000)
+    assert s.context is not None
+    s.context.tokenize = True
+    out = send_create(s, input=[user("n")], previous_response_id=prev)
+    (request,) = [a for a in out if isinstance(a, CountTokens)]
+    job = request.jobs[0]
+    assert not job.target.exact
+    counts = tuple(range(1, len(job.items) + 1))
+    assert s.handle(TokensCounted(request, job, counts)) == []
+    assert job.target.exact and tuple(job.target.counts) == counts
+    # a count of the wrong length is not taken
+    other = request.jobs[1]
+    s.handle(TokensCounted(request, other, (1,) * (len(other.items) + 1)))
+    assert not other.target.exact
