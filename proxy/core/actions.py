@@ -2,7 +2,7 @@
 
 The core (`Session`, and the `ContextManager` through it) never does I/O: each event it is
 handed (proxy/core/events.py) returns a list of these, and the one executor
-(proxy/fronts/executor.py) carries them out in order, with each front's hooks. The executor
+(proxy/executor.py) carries them out in order, with each front's hooks. The executor
 ends in an exhaustive `match` over `Action`, so a new action it forgets is a type error, not a
 silently dropped step. Actions that ask for something the core cannot do itself
 (`LoadStored`, `SaveStored`, `Summarise`) are answered by an event that names them

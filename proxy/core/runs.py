@@ -11,7 +11,7 @@ never be streamed into, failed or finished a second time.
        |    |            |  (native fallback or auto's   |  (a steer at an item
        |    |            |   switch to Chat: UPSTREAM     |   boundary, a cancel,
        |    |            |   again, before any event)     |   a failure)
-       |    +--> COMPACTING --summary_done--> UPSTREAM    +-------------------> DONE
+       |    +--> COMPACTING --SummaryDone--> UPSTREAM     +-------------------> DONE
        +--warmup / not found / rejected / client gone -------------------> DONE
 
     QUEUED --start--> LOADING --StoredLoaded--> UPSTREAM, COMPACTING, or DONE
@@ -116,7 +116,7 @@ class Run:
     parent: CachedResponse | None = None
     native: bool = False  # sent with the upstream's own previous_response_id
     chain: str | None = None  # its chain's key (core/routing.py), set when it starts
-    replica: str | None = None  # the upstream replica that served it (`Session.routed`)
+    replica: str | None = None  # the upstream replica that served it (`Routed`)
     stream: StreamTranslator | None = None
     steers: list[Steer] = field(default_factory=list)  # accepted, not yet applied
     applies: list[Steer] = field(default_factory=list)  # steers whose input this run carries

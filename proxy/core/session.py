@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 The session has one entry, `handle(event) -> actions`: the fronts turn what happened into a
 typed event (proxy/core/events.py) and execute the actions that come back
-(proxy/core/actions.py) with the one executor (proxy/fronts/executor.py). Nothing here waits
+(proxy/core/actions.py) with the one executor (proxy/executor.py). Nothing here waits
 or touches a socket, and the fronts make no protocol decision of their own. A plain HTTP
 request is a session of its own that takes one `HttpCreate`.
 
