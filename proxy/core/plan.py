@@ -87,7 +87,8 @@ class Planner:
             settings, items = prep.settings, prep.items
         else:
             parent = run.parent or EMPTY
-            items = [*parent.items(), *req.input_items]
+            items = parent.items()
+            items.extend(req.input_items)
             if self.context is not None:  # usage the upstream does not report is estimated
                 run.estimate_usage = partial(self.context.usage_of_items, settings, items)
         if session_key:
