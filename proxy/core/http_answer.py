@@ -51,12 +51,13 @@ the proxy gives it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from . import wire
+from .actions import Send
 from .api_objects import TERMINAL_TYPES
 from .errors import ProxyError
 
@@ -265,6 +266,19 @@ class HttpAnswer:
             return None
         start, self.started = not self.started, True
         return Write(sse(kind, data), start)
+
+    def batch(self, sends: Iterable[Send]) -> Write | None:
+        """A batch of the proxy's own events (one upstream chunk's): their SSE bytes as one
+        write, `start` set when the event stream starts with them."""
+        parts: list[bytes] = []
+        start = False
+        for send in sends:
+            kind = wire.event_type(send.frame) or "message"
+            write = self.sent(kind, send.frame, error=send.error, seq=send.seq, final=send.final)
+            if write is not None:
+                start = start or write.start
+                parts.append(write.data)
+        return Write(b"".join(parts), start) if parts else None
 
     def error(self, ev: dict[str, Any], fallback_seq: int | None = None) -> Write | None:
         """An `error` event; `fallback_seq` numbers the SSE error when the event has no

@@ -30,7 +30,7 @@ from ..core import wire
 from ..core.actions import Send
 from ..core.errors import ClientError, ProxyError
 from ..core.events import ClientGone, DrainOver, HttpCreate
-from ..core.http_answer import HttpAnswer
+from ..core.http_answer import HttpAnswer, Write
 from ..core.store import owner_of
 from ..executor import Executor
 from ..ops.bodies import read_body
@@ -164,18 +164,16 @@ class HttpExchange:
 
     async def send(self, sends: list[Send], run_id: int | None) -> None:
         """A batch is written whole: a cut that comes meanwhile waits for its end."""
+        write = self.answer.batch(sends)
+        if write is None:
+            return
         was, self.cuttable = self.cuttable, False
         try:
-            for send in sends:
-                await self._frame(send)
+            await self._written(write)
         finally:
             self.cuttable = was
 
-    async def _frame(self, send: Send) -> None:
-        kind = wire.event_type(send.frame) or "message"
-        write = self.answer.sent(kind, send.frame, error=send.error, seq=send.seq, final=send.final)
-        if write is None:
-            return
+    async def _written(self, write: Write) -> None:
         if write.start:
             self.sse = web.StreamResponse(
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
