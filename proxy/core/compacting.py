@@ -42,7 +42,7 @@ class Host(Protocol):
     @property
     def new_id(self) -> Callable[[str], str]: ...
 
-    def _request(self, run: Run) -> list[Action]: ...
+    def _send_upstream(self, run: Run) -> list[Action]: ...
     def _fail(self, run: Run, err: ProxyError, *, announce: bool = True) -> list[Action]: ...
     def _refuse(self, run: Run, err: ProxyError, *, refused: str | None = None) -> list[Action]: ...
     def _after(
@@ -123,7 +123,7 @@ class Compacting:
             if trigger is not None:
                 return self._compacted(run, trigger)
             run.context = self.context.compacted(run.context, host.owner, host.new_id("cmp"))
-            return host._request(run)
+            return host._send_upstream(run)
         except UpstreamError as err:
             return host._fail(run, err)
         except ClientError as err:  # the compacted context does not fit, or cannot be sent

@@ -98,7 +98,7 @@ class RunDriver:
         """The runs waiting to start, oldest first."""
         return self._queue
 
-    def _spawn(self, run: Run) -> list[Action]:
+    def _queue_successor(self, run: Run) -> list[Action]:
         """Queue a steer's automatic successor first in its lane (docs/protocol.md
         "response.steer")."""
         self._runs[run.id] = run
@@ -107,7 +107,7 @@ class RunDriver:
 
     # ------------------------------------------------------------ start
 
-    def _start(self, run: Run) -> list[Action]:
+    def _resolve_parent(self, run: Run) -> list[Action]:
         self.admission.discharge(run.id)
         req = run.req
         self._busy_lanes.add(req.lane)  # until its end (a run that ends now frees it again)
@@ -122,9 +122,9 @@ class RunDriver:
                 return [LoadStored(run.id, req.previous_response_id, self.owner)]
             if run.parent is None:
                 return self._refuse(run, previous_response_not_found(req.previous_response_id))
-        return self._begin(run)
+        return self._run_with_parent(run)
 
-    def _loaded(self, ev: StoredLoaded) -> list[Action]:
+    def _parent_loaded(self, ev: StoredLoaded) -> list[Action]:
         """The answer to a `LoadStored`: the stored parent, or None when it is not stored for
         this credential or the store could not answer in time; both end the run with the
         documented `previous_response_not_found`."""
@@ -136,9 +136,9 @@ class RunDriver:
             err = stored_response_unavailable(rid) if ev.unavailable else None
             return self._refuse(run, err or previous_response_not_found(rid))
         run.parent = ev.stored.entry
-        return self._begin(run)
+        return self._run_with_parent(run)
 
-    def _begin(self, run: Run) -> list[Action]:
+    def _run_with_parent(self, run: Run) -> list[Action]:
         """A run whose parent (if it names one) is found: check, then start it."""
         if run.parent is not None and self.steering.waiting:
             self.steering.apply_waiting(run)
@@ -165,7 +165,7 @@ class RunDriver:
             run.native = run.native and context.native_ok(run.context)
         if run.context is not None and run.context.cut is not None:
             return [*out, *self.compacting.summarise_first(run)]
-        return [*out, *self._request(run)]
+        return [*out, *self._send_upstream(run)]
 
     def _managed(self, run: Run) -> bool:
         """The context manager prepares the run's input when it could change what is sent:
@@ -183,7 +183,7 @@ class RunDriver:
             or (parent is not None and parent.compactions)
         )
 
-    def _request(self, run: Run) -> list[Action]:
+    def _send_upstream(self, run: Run) -> list[Action]:
         """The run's upstream request, or the refusal the dialect leaves (chat:
         strict_tools, ...)."""
         try:
@@ -323,11 +323,11 @@ class RunDriver:
         # upstream.api = "auto": a 404/405 on /responses switches to Chat and resends
         inner = run.stream.inner if isinstance(run.stream, ManagedStream) else run.stream
         if not err.started and inner and self.policy.dialect.retry_elsewhere(err.status, inner):
-            return self._request(run)
+            return self._send_upstream(run)
         if run.native and not err.started and err.code == "previous_response_not_found":
             # the upstream lost its own state: rebuild the full request, once
             run.native = False
-            return self._request(run)
+            return self._send_upstream(run)
         return self._fail(run, err)
 
     # ------------------------------------------------------------ endings
@@ -355,7 +355,7 @@ class RunDriver:
                 sends, successor = self.steering.after_end(run, rid, self._queue)
                 out += sends
                 if successor is not None:
-                    out += self._spawn(successor)
+                    out += self._queue_successor(successor)
             return out + self._end(
                 run,
                 outcome,
@@ -415,7 +415,7 @@ class RunDriver:
             return [
                 frames.event(ev, run.req.lane),
                 CancelUpstream(run.id),
-                *self._spawn(self.steering.successor(run, rid, steers)),
+                *self._queue_successor(self.steering.successor(run, rid, steers)),
                 *self._end(run, Outcome.STEERED, rid, output_items=len(items), response=resp),
             ]
 

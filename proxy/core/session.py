@@ -12,7 +12,7 @@ A `response.create` is admitted on arrival (proxy/core/admission.py: validated, 
 counted against the connection's and the process's bounds) and becomes a `Run` queued on its
 lane (`RunCreated` tells the executor). Lanes are FIFO and never overlap; different lanes run
 concurrently up to `max_active` runs per connection, further creates wait (docs/protocol.md
-"Lanes"). After every event the lane scheduler (`_schedule`) starts what can start: a run
+"Lanes"). After every event the lane scheduler (`_start_ready_runs`) starts what can start: a run
 starts when it reaches the head of its lane and a slot is free; only then is
 `previous_response_id` resolved (the connection cache first, then the store), because the
 parent may be the response that ran just before it. The store is never called from here:
@@ -150,7 +150,7 @@ class Session(RunDriver):
             case InputRefused():
                 out = self._input_refused(event.start.run_id, event.error)
             case StoredLoaded():
-                out = self._loaded(event)
+                out = self._parent_loaded(event)
             case StoredSaved():
                 out = self._saved(event)
             case SummaryDone():
@@ -176,7 +176,7 @@ class Session(RunDriver):
             case _:
                 assert_never(event)
         if self._queue:
-            out += self._schedule()
+            out += self._start_ready_runs()
         if self.expiring:
             out += self._maybe_close()
         return out
@@ -300,7 +300,7 @@ class Session(RunDriver):
 
     # ------------------------------------------------------------ the lane scheduler
 
-    def _schedule(self) -> list[Action]:
+    def _start_ready_runs(self) -> list[Action]:
         """Start queued runs whose lane is idle, oldest first, while slots last. Starting a
         run can end it at once (a warmup, a missing parent), which frees its lane again, so
         the scan restarts after every start until nothing more can start."""
@@ -322,7 +322,7 @@ class Session(RunDriver):
             else:
                 break
             self._queue.remove(run)
-            out += self._start(run)
+            out += self._resolve_parent(run)
         return out
 
     def _awaits_parent(self, run: Run) -> bool:
