@@ -258,13 +258,20 @@ def test_over_the_window_is_a_400_without_an_upstream_call() -> None:
     assert body_of(start)["truncation"] == "auto"
 
 
-def test_tokenizer_jobs_are_handed_to_the_adapter() -> None:
+def counting_turn() -> tuple[Session, str, list[Action]]:
+    """A session whose context manager counts tokens exactly, and a turn continuing a
+    two-turn conversation in a known window: the session, the parent's id, the turn's
+    actions."""
     s = make_context_session()
     prev = long_conversation(s, 2)
     with_window(s, context_window=100_000)
     assert s.context is not None
     s.context.tokenize = True
-    out = send_create(s, input=[user("n")], previous_response_id=prev)
+    return s, prev, send_create(s, input=[user("n")], previous_response_id=prev)
+
+
+def test_tokenizer_jobs_are_handed_to_the_adapter() -> None:
+    s, prev, out = counting_turn()
     (jobs,) = [a for a in out if isinstance(a, CountTokens)]
     assert len(jobs.jobs) == 2 and len(starts(out)) == 1
     assert s.cache.peek(prev) is not None
@@ -278,12 +285,7 @@ def test_tokenizer_jobs_are_handed_to_the_adapter() -> None:
 
 def test_the_tokenizers_counts_come_back_to_the_session_and_serve_later_turns() -> None:
     """`TokensCounted` answers one job of a `CountTokens`: its items' counts become exact."""
-    s = make_context_session()
-    prev = long_conversation(s, 2)
-    with_window(s, context_window=100_000)
-    assert s.context is not None
-    s.context.tokenize = True
-    out = send_create(s, input=[user("n")], previous_response_id=prev)
+    s, _, out = counting_turn()
     (request,) = [a for a in out if isinstance(a, CountTokens)]
     job = request.jobs[0]
     assert not job.target.exact
