@@ -267,18 +267,16 @@ class HttpAnswer:
         start, self.started = not self.started, True
         return Write(sse(kind, data), start)
 
-    def batch(self, sends: Iterable[Send]) -> Write | None:
-        """A batch of the proxy's own events (one upstream chunk's): their SSE bytes as one
-        write, `start` set when the event stream starts with them."""
-        parts: list[bytes] = []
-        start = False
+    def batch(self, sends: Iterable[Send]) -> list[Write]:
+        """A batch of the proxy's own events (one upstream chunk's), in one call: a write for
+        each event that goes out, the first with `start` when the event stream starts."""
+        writes: list[Write] = []
         for send in sends:
             kind = wire.event_type(send.frame) or "message"
             write = self.sent(kind, send.frame, error=send.error, seq=send.seq, final=send.final)
             if write is not None:
-                start = start or write.start
-                parts.append(write.data)
-        return Write(b"".join(parts), start) if parts else None
+                writes.append(write)
+        return writes
 
     def error(self, ev: dict[str, Any], fallback_seq: int | None = None) -> Write | None:
         """An `error` event; `fallback_seq` numbers the SSE error when the event has no

@@ -164,12 +164,13 @@ class HttpExchange:
 
     async def send(self, sends: list[Send], run_id: int | None) -> None:
         """A batch is written whole: a cut that comes meanwhile waits for its end."""
-        write = self.answer.batch(sends)
-        if write is None:
+        writes = self.answer.batch(sends)
+        if not writes:
             return
         was, self.cuttable = self.cuttable, False
         try:
-            await self._written(write)
+            for write in writes:  # each on its own: the buffer is counted between them
+                await self._written(write)
         finally:
             self.cuttable = was
 
