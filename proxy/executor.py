@@ -64,16 +64,16 @@ from .ops.tracking import RunTrace, RunTracker
 from .upstream.runner import Runner
 from .upstream.tokenizer import TokenizeWorker
 
-log = logging.getLogger("wsmode.executor")
 compaction_log = logging.getLogger("wsmode.compaction")
 
 
-class Leave(enum.Enum):
-    """What a batch of actions means for the upstream stream whose events caused it."""
+class Leave(enum.IntEnum):
+    """What a batch of actions means for the upstream stream whose events caused it; of two,
+    the larger wins (a run cancelled and ended in one batch is closed)."""
 
-    STAY = "stay"  # read on
-    DRAIN = "drain"  # the run ended: read what follows its terminal event, for reuse
-    CLOSE = "close"  # the run was cancelled: close the upstream request now
+    STAY = 0  # read on
+    DRAIN = 1  # the run ended: read what follows its terminal event, for reuse
+    CLOSE = 2  # the run was cancelled: close the upstream request now
 
 
 class Front(Protocol):
@@ -160,12 +160,12 @@ class Executor:
                 case Finished():
                     self.responses += 1
                     self.tracker.finished(action)
-                    if action.run_id == run_id and leave is Leave.STAY:
-                        leave = Leave.DRAIN
+                    if action.run_id == run_id:
+                        leave = max(leave, Leave.DRAIN)
                 case RunCreated():
                     self.tracker.created(action, received, nbytes)
                 case SaveStored():
-                    leave = _worst(leave, await self._save(action, run_id))
+                    leave = max(leave, await self._save(action, run_id))
                 case CountTokens():
                     if self.tokenizer is not None:
                         counted = partial(self._counted, action)
@@ -238,11 +238,6 @@ class Executor:
             await self.handle(StoredLoaded(action, None, unavailable=True))
             return
         await self.handle(StoredLoaded(action, stored))
-
-
-def _worst(a: Leave, b: Leave) -> Leave:
-    order = (Leave.STAY, Leave.DRAIN, Leave.CLOSE)
-    return a if order.index(a) >= order.index(b) else b
 
 
 __all__ = ["Executor", "Front", "Leave"]

@@ -23,9 +23,15 @@ from .request import CreateRequest, check_stream_id, parse_create
 class Admission:
     """One connection's admission rules and queued-bytes account."""
 
-    def __init__(self, limits: SessionLimits, memory: MemoryBudget | None) -> None:
+    def __init__(
+        self,
+        limits: SessionLimits,
+        memory: MemoryBudget | None,
+        check: Callable[[CreateRequest], None] | None = None,
+    ) -> None:
         self.limits = limits
         self.memory = memory
+        self.check = check  # the context manager's checks of a request that is not plain
         self.lanes: set[str] = set()  # named lanes ever used on this connection
         self.queued_bytes = 0
         self._waiting: dict[int, int] = {}  # run id -> bytes of its create, while queued
@@ -51,16 +57,15 @@ class Admission:
         body: dict[str, Any],
         nbytes: int,
         queued: int,
-        check: Callable[[CreateRequest], None] | None,
         *,
         socket: bool = True,
     ) -> CreateRequest:
         """The create as a request, once every check passed; raises ClientError. `queued`:
-        the creates already waiting; `check`: the context manager's checks of the request;
-        `socket`: a WebSocket message (over HTTP there are no lanes)."""
+        the creates already waiting; `socket`: a WebSocket message (over HTTP there are no
+        lanes)."""
         req = parse_create(body, socket=socket)
-        if check is not None and not req.plain:
-            check(req)
+        if self.check is not None and not req.plain:
+            self.check(req)
         if queued >= self.limits.max_queued_per_connection:
             raise ClientError(
                 f"Too many queued requests on this connection (limit "

@@ -60,7 +60,7 @@ from .policy import UpstreamPolicy
 from .recorder import Recorder
 from .routing import cached_tokens
 from .runs import Run, RunState
-from .sse import SSEDecoder, SSEEvent, SSEEventTooLarge
+from .sse import SSEDecoder, SSEEvent
 from .steering import Steering, at_boundary, steered_response
 from .store import WriteResult
 
@@ -250,8 +250,7 @@ class RunDriver:
             return []
         try:
             events = run.decoder.feed(data)
-        except SSEEventTooLarge as exc:
-            err = UpstreamError(str(exc), started=True, code="upstream_event_too_large")
+        except UpstreamError as err:  # an event past the size bound (core/sse.py)
             return self._fail(run, err)
         out: list[Action] = []
         for event in events:
@@ -274,15 +273,8 @@ class RunDriver:
                 return self._fail(run, reused_response_id(rid), announce=seen is not None)
         if run.state is not RunState.STREAMING:  # once per run, not per event
             run.move(RunState.STREAMING)
-        if run.seq_offset or run.req.lane is not None:
-            sent = [run.lane_frame(f) for f in sent]
-        sends = [Send(f) for f in sent]
-        if stream.outcome is not None:
-            if sends:
-                self._final(run, sends[-1])
-            return self._finish_stream(run, sends)
-        out: list[Action] = list(sends)
-        if run.steers and at_boundary(run):
+        out = self._relay(run, sent)
+        if stream.outcome is None and run.steers and at_boundary(run):
             out += self._interrupt(run)
         return out
 
@@ -294,8 +286,16 @@ class RunDriver:
             sent = run.stream.eof()
         except UpstreamError as err:
             return self._fail(run, err)
-        sends = [Send(run.lane_frame(f)) for f in sent]
-        if run.stream.outcome is not None:
+        return self._relay(run, sent)
+
+    def _relay(self, run: Run, sent: list[bytes]) -> list[Action]:
+        """The translator's frames as the client gets them; at the terminal one, the end."""
+        stream = run.stream
+        assert stream is not None
+        if run.seq_offset or run.req.lane is not None:
+            sent = [run.lane_frame(f) for f in sent]
+        sends = [Send(f) for f in sent]
+        if stream.outcome is not None:
             if sends:
                 self._final(run, sends[-1])
             return self._finish_stream(run, sends)

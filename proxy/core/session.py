@@ -49,6 +49,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, assert_never
 
 from . import frames, ids, wire
@@ -112,7 +113,8 @@ class Session(RunDriver):
         self._queue: deque[Run] = deque()
         self._runs: dict[int, Run] = {}  # every run not yet DONE
         self._busy_lanes: set[str | None] = set()
-        self.admission = Admission(self.limits, self.memory)
+        check = partial(self.context.validate, owner=self.owner) if self.context else None
+        self.admission = Admission(self.limits, self.memory, check)
         self.planner = Planner(self.context, self.chain_key)
         self.recorder = Recorder(self.cache, self.owner, self.context, stores=self.stores)
         self.steering = Steering(
@@ -226,14 +228,10 @@ class Session(RunDriver):
         if self.draining:
             return frames.reject(ServerDraining())
         lane: str | None = None
-        check = None
-        if self.context is not None:
-            context, owner = self.context, self.owner
-            check = lambda req: context.validate(req, owner)  # noqa: E731
         try:
             lane = self.admission.lane_of(body) if socket else None
             self.admission.check_lane(lane)
-            req = self.admission.admit(body, nbytes, len(self._queue), check, socket=socket)
+            req = self.admission.admit(body, nbytes, len(self._queue), socket=socket)
         except ClientError as err:
             # an invalid stream_id is never echoed (docs/protocol.md "Errors"); a valid one is
             return frames.reject(err, lane if err.code != "invalid_stream_id" else None)

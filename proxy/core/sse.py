@@ -6,16 +6,22 @@ A `data:` value keeps its bytes, so events we only forward are never decoded or 
 
 Unlike aiohttp's line reader (which fails on lines over 128 KiB), the only bound is ours:
 `max_event_bytes` caps one event's accumulated size, and exceeding it raises
-`SSEEventTooLarge`, which the session maps to an upstream failure.
+`SSEEventTooLarge`: the upstream's failure (502 `upstream_event_too_large`), as the session
+and the summarising requests report it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import UpstreamError
 
-class SSEEventTooLarge(Exception):
-    """One event grew past the configured bound."""
+
+class SSEEventTooLarge(UpstreamError):
+    """One event grew past the configured bound: the upstream's fault, mid-stream."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, started=True, code="upstream_event_too_large")
 
 
 @dataclass(frozen=True, slots=True)

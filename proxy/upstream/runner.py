@@ -34,7 +34,7 @@ from ..core.context.manager import SummaryResult
 from ..core.dialects import Dialect
 from ..core.errors import UpstreamError
 from ..core.events import InputRefused, Routed, UpstreamChunk, UpstreamEnded, UpstreamFailed
-from ..core.sse import SSEDecoder, SSEEventTooLarge
+from ..core.sse import SSEDecoder
 from .client import request_body
 from .moderation import Moderator
 from .pool import UpstreamPool
@@ -76,13 +76,7 @@ class Runner:
         body = b"".join(action.body)
         async with self.pool.stream(action.path, body, self.headers) as (_, chunks):
             async for chunk in chunks:
-                try:
-                    events = decoder.feed(chunk)
-                except SSEEventTooLarge as exc:
-                    raise UpstreamError(
-                        str(exc), started=True, code="upstream_event_too_large"
-                    ) from None
-                for event in events:
+                for event in decoder.feed(chunk):  # an event past the bound: UpstreamError
                     stream.feed(event)
                     if stream.outcome is not None:
                         break
