@@ -1,0 +1,1 @@
+"""The token path: token-exact continuation for servers that take token ids (docs/tokens.md)."""
