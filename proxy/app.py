@@ -23,11 +23,12 @@ from .build import build_core
 from .config import Settings
 from .console import routes as console
 from .core.dialects.auto import AutoDialect
+from .core.tokens.dialect import TokenDialect
 from .core.urls import missing_v1, redact_url
 from .http_front import passthrough
 from .http_front.compact import compact_response
 from .http_front.responses import create_response
-from .http_front.stored import delete_response, get_response, input_items
+from .http_front.stored import delete_response, get_response, input_items, response_tokens
 from .ops.middleware import OPS, install
 from .ops.redis_store import RedisStore
 from .ops.stores import LocalStore, store_status
@@ -36,7 +37,8 @@ from .sim.app import create_sim_app
 from .upstream.client import UpstreamClient
 from .upstream.moderation import Moderator
 from .upstream.pool import UpstreamPool
-from .upstream.probe import probe
+from .upstream.probe import PROBE_TIMEOUT, probe
+from .upstream.token_probe import prepare
 from .upstream.tokenizer import TokenizeWorker, tokenize_url
 from .ws_front import ClientConnection
 
@@ -89,6 +91,7 @@ async def _healthz(request: web.Request) -> web.Response:
         "upstream": redact_url(state.upstream_url),
         "simulated_upstream": state.simulated,
         "dialect": state.policy.dialect.name,
+        **_token_engine(state),
         "pid": os.getpid(),  # which worker answered (server.workers)
     }
     if store is not None and store["backend"] != "memory":  # whether the shared store answers
@@ -96,9 +99,23 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.json_response(doc, status=503 if draining else 200)
 
 
+def _token_engine(state: AppState) -> dict[str, Any]:
+    """The token path's engine, for /healthz (docs/tokens.md "Start-up")."""
+    dialect = state.policy.dialect
+    if not isinstance(dialect, TokenDialect):
+        return {}
+    setup = dialect.setup
+    if setup is None:
+        return {"token_engine": None, "token_engine_problem": dialect.not_ready}
+    return {"token_engine": setup.engine.name, "chat_template": setup.template.name}
+
+
 def _not_ready(state: AppState, store: dict[str, Any] | None) -> list[str]:
     """Why the process cannot serve now, given the store's status; empty when it can."""
     reasons = []
+    dialect = state.policy.dialect
+    if isinstance(dialect, TokenDialect) and dialect.not_ready is not None:
+        reasons.append("the token path is not ready: " + dialect.not_ready)
     if not state.pool.ready:
         names = ", ".join(r.name for r in state.pool.replicas)
         reasons.append("no upstream replica is healthy: " + names)
@@ -162,6 +179,7 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/v1/responses/{response_id}", get_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_get("/v1/responses/{response_id}/input_items", input_items)
+    app.router.add_get("/v1/responses/{response_id}/tokens", response_tokens)
     app.router.add_route("*", "/v1/{tail:.*}", passthrough)
     return app
 
@@ -190,6 +208,14 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await state.moderator.start()
     if isinstance(state.policy.dialect, AutoDialect):
         await probe(state.upstream, state.policy.dialect, [r.url for r in state.pool.replicas])
+    tokens: asyncio.Task[None] | None = None
+    if isinstance(state.policy.dialect, TokenDialect):  # ready once the engine answers
+        first = state.pool.replicas[0].url
+        tokens = asyncio.create_task(
+            prepare(state.upstream, state.settings.upstream, state.policy.dialect, first),
+            name="wsmode-token-probe",
+        )
+        await asyncio.wait({tokens}, timeout=PROBE_TIMEOUT)
     shown = ", ".join(redact_url(r.url) for r in state.pool.replicas)
     for replica in state.pool.replicas:
         if (no_v1 := missing_v1(replica.url)) is not None:
@@ -201,10 +227,11 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        if checks is not None:
-            checks.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await checks
+        for task in (checks, tokens):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await state.upstream.close()
         if state.moderator is not None:
             await state.moderator.close()

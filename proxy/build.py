@@ -27,6 +27,7 @@ from .core.memory import MemoryBudget
 from .core.policy import SessionLimits, UpstreamPolicy
 from .core.session import Session
 from .core.store import MemoryStore
+from .core.tokens.dialect import TokenDialect
 
 log = logging.getLogger("wsmode.compaction")
 
@@ -122,6 +123,8 @@ def make_dialect(settings: Settings) -> Dialect:
         return chat
     if api == "auto":
         return AutoDialect(responses, chat)
+    if api == "tokens":  # ready once the engine is probed (upstream/token_probe.py)
+        return TokenDialect(chat, clock=time.time, new_id=new_id)
     return responses
 
 

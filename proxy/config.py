@@ -18,6 +18,7 @@ Unknown sections or keys are errors, never silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import os
 import importlib.util
 import re
 import tomllib
@@ -30,6 +31,7 @@ from typing import Any
 
 from .core.context.settings import CompactionSettings, TokensSettings
 from .core.dialects.chat_settings import ChatOptions
+from .core.tokens.parsers import TOOL_FORMATS
 from .core.policy import SessionLimits
 from .core.urls import redact_url
 from .sim.settings import SimSettings
@@ -91,6 +93,11 @@ class UpstreamSettings:
     api: str = "responses"
     api_key: str = field(default="", metadata=SECRET)  # set: replaces the client's credential
     context_window: int = 0  # tokens; 0 = unknown (no truncation, no overflow check)
+    # ---- the token path, api = "tokens" (docs/tokens.md): which engine, its template, its
+    # output's tool-call format
+    token_engine: str = "auto"  # or llamacpp, vllm, sglang; auto: from what the server says
+    chat_template_file: str = ""  # the model's chat template; "": the server's (llama.cpp)
+    tool_format: str = "auto"  # hermes or none; auto: from the template
     # ---- what is sent: the rebuilt request, or the upstream's own previous_response_id
     store: bool = False  # the `store` sent upstream on rebuilt requests
     native_previous_response_id: bool = False
@@ -271,7 +278,8 @@ ENV_ALIASES = {
     "WSMODE_PORT": ("server", "port"),
     "WSMODE_UPSTREAM": ("upstream", "url"),
 }
-API_CHOICES = ("responses", "chat", "auto")
+API_CHOICES = ("responses", "chat", "auto", "tokens")
+TOKEN_ENGINES = ("auto", "llamacpp", "vllm", "sglang")
 _FILE_VARIABLES = frozenset({"WSMODE_CONFIG", "WSMODE_BASE_CONFIG"})  # name files, not keys
 
 
@@ -386,6 +394,14 @@ def _validate(s: Settings) -> None:
     if s.upstream.native_previous_response_id and s.upstream.api != "responses":
         raise ConfigError("upstream.native_previous_response_id needs upstream.api = responses")
     _validate_pool(s.upstream)
+    if s.upstream.token_engine not in TOKEN_ENGINES:
+        raise ConfigError(f"upstream.token_engine must be one of {', '.join(TOKEN_ENGINES)}")
+    if s.upstream.tool_format not in TOOL_FORMATS:
+        raise ConfigError(f"upstream.tool_format must be one of {', '.join(TOOL_FORMATS)}")
+    if s.upstream.chat_template_file and not os.path.isfile(s.upstream.chat_template_file):
+        raise ConfigError(
+            f"upstream.chat_template_file {s.upstream.chat_template_file} is not a file"
+        )
     if s.server.tls_key_file and not s.server.tls_cert_file:
         raise ConfigError("server.tls_key_file needs server.tls_cert_file")
     if not 0 <= s.server.port <= 65535:

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from .context.tokens import TokenJob
     from .errors import ProxyError
     from .store import StoredResponse
+    from .tokens.chain import TokenUse
+    from .tokens.dialect import TokenPrompt
 
 
 class Outcome(enum.StrEnum):
@@ -83,6 +85,9 @@ class StartUpstream:
     # runner reports a refusal (`InputRefused`) instead of making the request
     moderate: tuple[str, ...] | None = None
     route: Route | None = None  # where the request should go (upstream/pool.py)
+    # the token path (core/tokens/dialect.py): the runner tokenises the prompt's new text,
+    # reports its ids (`PromptTokenized`) and sends `tokens.body(ids)` instead of `body`
+    tokens: TokenPrompt | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +125,9 @@ class Finished:
     error: ProxyError | None = field(default=None, compare=False)
     # the final response object (None when the run never had one: refused before it began)
     response: dict[str, Any] | None = field(default=None, compare=False)
+    # the token path: the prompt's ids reused from the cache and tokenised anew, and why a
+    # continuation could not reuse all of its parent's (core/tokens/chain.py DIVERGENCES)
+    tokens: TokenUse | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,7 @@ from lru import LRU
 
 from . import wire
 from .memory import MemoryBudget
+from .tokens.chain import TokenTurn
 
 _UNBOUNDED = 2**31 - 1  # lru-dict needs a size; we evict by our own budgets, never by this
 
@@ -128,6 +129,9 @@ class CachedResponse:
     # its history may hold a compaction item (a byte scan of every segment added: see
     # `holds_compaction`), so a turn continuing it needs the context manager to render it
     compactions: bool = False
+    # the token path (core/tokens/chain.py): its prompt's and its generation's ids, linked to
+    # its parent's; None when it was not made on the token path or starts no token chain
+    tokens: TokenTurn | None = None
 
     def items(self) -> list[bytes]:
         """Every item of the conversation, oldest first: a new list, extended a segment at a
@@ -139,7 +143,8 @@ class CachedResponse:
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.segments)
+        held = sum(s.nbytes for s in self.segments)
+        return held + self.tokens.nbytes if self.tokens is not None else held
 
     @property
     def item_count(self) -> int:
@@ -158,6 +163,7 @@ class CachedResponse:
         unmoderated: tuple[str, ...] = (),
         replica: str | None = None,
         chain: str | None = None,
+        tokens: TokenTurn | None = None,
     ) -> CachedResponse:
         """The conversation continued by `added`. `compacted`: `added` starts with what a
         compaction left of the history, so the parent's segments go, its index stays.
@@ -178,6 +184,7 @@ class CachedResponse:
             replica if replica is not None else self.replica,
             chain if chain is not None else self.chain,
             self.compactions or compacted or opaque or holds_compaction(added.items),
+            tokens,
         )
 
 

@@ -486,6 +486,7 @@ class RunDriver:
                 model=model if isinstance(model, str) else run.req.model,
                 error=error,
                 response=response,
+                tokens=run.tokens.use() if run.tokens is not None else None,
             )
         )
         return out

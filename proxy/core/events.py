@@ -91,6 +91,15 @@ class Routed:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptTokenized:
+    """The token path: the server tokenised the new text of the run's prompt into `ids`
+    (core/tokens/dialect.py); the prompt sent is the kept ids and these."""
+
+    run_id: int
+    ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
 class UpstreamChunk:
     """One raw chunk of the upstream's event stream, as read."""
 
@@ -176,6 +185,7 @@ Event = (
     | DrainOver
     | LifetimeOver
     | Routed
+    | PromptTokenized
     | UpstreamChunk
     | UpstreamEnded
     | UpstreamFailed
@@ -197,6 +207,7 @@ __all__ = [
     "HttpCreate",
     "InputRefused",
     "LifetimeOver",
+    "PromptTokenized",
     "Routed",
     "StoredLoaded",
     "StoredSaved",

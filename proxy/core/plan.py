@@ -21,6 +21,7 @@ from .policy import UpstreamPolicy
 from .recorder import PROXY_MADE
 from .routing import client_key, content_key, slot_of
 from .runs import Run
+from .tokens.dialect import ROOT, TokenDialect
 
 
 class Planner:
@@ -63,7 +64,11 @@ class Planner:
         session_key = policy.session_key_in_body and client_key(req.settings) is None
         if session_key:  # the proxy's own key goes upstream; the client's answer shows none
             patch["prompt_cache_key"] = None
-        run.stream = dialect.translator(patch, req.body)
+        tokens = isinstance(dialect, TokenDialect) and not run.native
+        if isinstance(dialect, TokenDialect) and tokens:
+            run.stream = run.tokens = dialect.stream(patch, req.body)
+        else:
+            run.stream = dialect.translator(patch, req.body)
         # an upstream that keeps state must store what the client stores, so that the next
         # turn can continue natively; a stateless one needs to store nothing
         store = req.store if policy.native_previous_response_id else policy.store
@@ -95,9 +100,18 @@ class Planner:
             extra["prompt_cache_key"] = chain
         if policy.llamacpp_slots:
             extra["id_slot"] = slot_of(chain, policy.llamacpp_slots)
-        body = dialect.body(settings, extra, items)
         route = Route(run.parent.replica if run.parent else None, chain)
-        start = StartUpstream(run.id, body, dialect.path, run.moderation, route)
+        if isinstance(dialect, TokenDialect) and run.tokens is not None:
+            # a compaction starts a new token chain; anything else continues the parent's
+            compacted = run.context is not None and run.context.compaction is not None
+            history = None if compacted or run.parent is None else run.parent.tokens
+            prompt, run.tokens.fingerprint = dialect.prompt(settings, items, history, extra)
+            run.tokens.prompt = prompt
+            path = ROOT + prompt.engine.generate_path
+            start = StartUpstream(run.id, [], path, run.moderation, route, tokens=prompt)
+        else:
+            body = dialect.body(settings, extra, items)
+            start = StartUpstream(run.id, body, dialect.path, run.moderation, route)
         run.moderation = None  # once: not again after a native fallback or auto's switch
         return start
 

@@ -79,6 +79,10 @@ class Recorder:
             unmoderated=run.moderation or (),  # left only by a warmup: it went nowhere
             replica=run.replica,
             chain=run.chain,
+            # a warmup adds input only: the next turn tokenises it after the parent's ids
+            tokens=run.tokens.turn()
+            if run.tokens is not None
+            else (None if run.req.generate else parent.tokens),
         )
         self.cache.put(entry)
         for queued in queue:  # a create that waited for this response: pin it too
@@ -91,7 +95,12 @@ class Recorder:
         # if the parent was stored and the history was not compacted (docs/store.md)
         if not compacted and run.parent is not None and run.parent.settings.get("store"):
             calls = index_calls(NO_CALLS, added.items if expanded is None else expanded)
-            stored = replace(stored, parent=run.parent.id, added_calls=tuple(calls))
+            stored = replace(
+                stored,
+                parent=run.parent.id,
+                added_calls=tuple(calls),
+                token_base=run.parent.tokens,
+            )
         return SaveStored(run.id, stored, self.owner)
 
     def forget(self, rid: str) -> None:

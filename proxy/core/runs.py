@@ -52,6 +52,7 @@ from .sse import SSEDecoder
 if TYPE_CHECKING:
     from .actions import Action
     from .context.manager import Prepared
+    from .tokens.dialect import TokenStream
 
 
 _STREAM_ID_KEY = b'"stream_id"'
@@ -118,6 +119,7 @@ class Run:
     chain: str | None = None  # its chain's key (core/routing.py), set when it starts
     replica: str | None = None  # the upstream replica that served it (`Routed`)
     stream: StreamTranslator | None = None
+    tokens: TokenStream | None = None  # the token path's stream (also `stream`, or inside it)
     steers: list[Steer] = field(default_factory=list)  # accepted, not yet applied
     applies: list[Steer] = field(default_factory=list)  # steers whose input this run carries
     moderation: tuple[str, ...] | None = None  # new text the runner moderates (core/guards.py)

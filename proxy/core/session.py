@@ -71,6 +71,7 @@ from .events import (
     HttpCreate,
     InputRefused,
     LifetimeOver,
+    PromptTokenized,
     Routed,
     StoredLoaded,
     StoredSaved,
@@ -148,6 +149,11 @@ class Session(RunDriver):
                 run = self._runs.get(event.start.run_id)
                 if run is not None:  # its response records where it ran
                     run.replica = event.replica
+                return []
+            case PromptTokenized():
+                run = self._runs.get(event.run_id)
+                if run is not None and run.tokens is not None:  # its token turn keeps them
+                    run.tokens.prompt_ids = event.ids
                 return []
             case InputRefused():
                 out = self._input_refused(event.start.run_id, event.error)

@@ -32,6 +32,7 @@ from typing import Protocol
 
 from .conversation import CacheBudget, CachedResponse, ResponseCache
 from .memory import MemoryBudget
+from .tokens.chain import TokenTurn
 
 
 def owner_of(authorization: str | None) -> str:
@@ -52,6 +53,9 @@ class StoredResponse:
     # adds to the call index (core/conversation.py)
     parent: str | None = None
     added_calls: tuple[str, ...] = ()
+    # the token path: the token turn of the stored parent that entry.tokens continues (its
+    # own turns are written after it), None when they start afresh
+    token_base: TokenTurn | None = None
 
 
 class StoreUnavailable(Exception):

@@ -48,3 +48,17 @@ def missing_v1(url: str) -> str | None:
         f"{redact_url(url.rstrip('/'))}/responses will likely answer 404; did you mean "
         f"{redact_url(url.rstrip('/'))}/v1?"
     )
+
+
+# a request path with this prefix is the server's own endpoint at its root, not one of its
+# OpenAI-compatible API under the base URL (llama.cpp's /completion and /tokenize, SGLang's
+# /generate): `server_root` gives the base it is joined to
+ROOT = "root:"
+
+
+def server_root(base: str) -> str:
+    """The server's root for a base URL: the base without its trailing API version
+    (`http://host:8080/v1` -> `http://host:8080`); a base with no version is the root."""
+    base = base.rstrip("/")
+    head, _, last = base.rpartition("/")
+    return head if _VERSION.fullmatch(last) and "//" in head + "/" else base

@@ -122,3 +122,36 @@ async def input_items(request: web.Request) -> web.StreamResponse:
         },
         dumps=lambda o: wire.dumps(o).decode(),
     )
+
+
+async def response_tokens(request: web.Request) -> web.StreamResponse:
+    """The trajectory of a response made on the token path (docs/tokens.md "Trajectories"):
+    the ids its prompt was, the ids the model generated and their log probabilities (when
+    the request asked for them), under the field names RL frameworks use."""
+    rid = request.match_info["response_id"]
+    try:
+        stored = await _stored(request)
+    except StoreUnavailable:
+        return _unavailable()
+    if stored is None:
+        return _not_found(rid)
+    turn = stored.entry.tokens
+    if turn is None:
+        return error_response(
+            ClientError(
+                f"Response '{rid}' has no token ids: it was not made on the token path "
+                "(upstream.api = tokens).",
+                code="no_token_ids",
+                param="response_id",
+                status=404,
+            )
+        )
+    doc = {
+        "id": rid,
+        "object": "response.tokens",
+        "prompt_token_ids": turn.prompt_ids(),
+        "generation_token_ids": turn.generated.ids.tolist(),
+        "generation_log_probs": turn.logprobs.tolist() if turn.logprobs is not None else None,
+        "fingerprint": turn.fingerprint,
+    }
+    return web.Response(body=wire.dumps(doc), content_type="application/json")

@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..core.tokens.chain import DIVERGENCES
+
 if TYPE_CHECKING:
     from ..core.conversation import CacheBudget
     from ..core.memory import MemoryBudget
@@ -164,6 +166,23 @@ class Metrics:
             ["upstream", "kind"],
             registry=r,
         )
+        # the token path (docs/tokens.md "The divergence metric")
+        self.prompt_ids = Counter(
+            "wsmode_prompt_ids",
+            "Token-path prompt ids of finished turns: taken from the token cache (reused) or "
+            "tokenised by the server for the turn (tokenized).",
+            ["kind"],
+            registry=r,
+        )
+        self.token_divergences = Counter(
+            "wsmode_token_divergences",
+            "Token-path continuations that could not reuse every id of their parent, by "
+            "reason: fingerprint, history_changed, generation_rerendered.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in DIVERGENCES:  # present at 0, so a dashboard shows there were none
+            self.token_divergences.labels(reason)
         self.errors = Counter(
             "wsmode_internal_errors",
             "Bugs: exceptions that escaped a handler or a connection.",

@@ -46,6 +46,7 @@ from immutables import Map
 from ..core import wire
 from ..core.conversation import CachedResponse, Segment, holds_compaction
 from ..core.store import StoredResponse, StoreUnavailable, WriteResult
+from ..core.tokens.chain import TokenTurn, turn_of, turn_record
 from .metrics import Metrics
 
 log = logging.getLogger("wsmode.store")
@@ -124,7 +125,21 @@ def encode(stored: StoredResponse) -> tuple[str, bytes, bytes]:
         "chain": entry.chain,
         "inputs": stored.input_count,
     }
+    if entry.tokens is not None:
+        meta["tok"] = _token_record(entry.tokens, stored.token_base if stored.parent else None)
     return stored.parent or "", b"".join(items), wire.dumps(meta)
+
+
+def _token_record(turn: TokenTurn, base: TokenTurn | None) -> dict[str, Any]:
+    """The token turns a record adds (core/tokens/chain.py): those after its stored parent's
+    (`c` true), or the whole token chain (`c` false: it starts afresh)."""
+    turns: list[dict[str, Any]] = []
+    at: TokenTurn | None = turn
+    while at is not None and at is not base:
+        turns.append(turn_record(at))
+        at = at.parent
+    turns.reverse()
+    return {"c": at is not None, "t": turns}
 
 
 def decode(rid: str, reply: Sequence[bytes]) -> StoredResponse | None:
@@ -135,7 +150,16 @@ def decode(rid: str, reply: Sequence[bytes]) -> StoredResponse | None:
     links = [(reply[i], wire.loads(reply[i + 1])) for i in range(1, len(reply) - 1, 2)]
     segments: list[Segment] = []
     calls = Map[str, bool]().mutate()
+    tokens: TokenTurn | None = None
     for raw, meta in reversed(links):  # oldest first
+        tok = meta.get("tok")
+        if isinstance(tok, dict):
+            base = tokens if tok.get("c") else None
+            for rec in tok.get("t", ()):
+                base = turn_of(rec, base)
+            tokens = base
+        else:  # a response made on another path: no ids
+            tokens = None
         items, at = [], 0
         for n in meta["lens"]:
             items.append(raw[at : at + n])
@@ -155,6 +179,7 @@ def decode(rid: str, reply: Sequence[bytes]) -> StoredResponse | None:
         own.get("replica"),
         own.get("chain"),
         any(holds_compaction(seg.items) for seg in segments),
+        tokens,
     )
     return StoredResponse(entry, bytes(reply[0]), own["inputs"])
 

@@ -150,6 +150,11 @@ class RunTracker:
                 m.upstream_tokens.labels(action.replica, "prompt").inc(prompt)
             if action.cached_tokens is not None:
                 m.upstream_tokens.labels(action.replica, "cached").inc(action.cached_tokens)
+        if action.tokens is not None:
+            m.prompt_ids.labels("reused").inc(action.tokens.reused)
+            m.prompt_ids.labels("tokenized").inc(action.tokens.new)
+            if action.tokens.divergence is not None:
+                m.token_divergences.labels(action.tokens.divergence).inc()
         trace = self.traces.pop(action.run_id, None)
         now = self.clock()
         if (
@@ -244,6 +249,10 @@ class RunTracker:
             "first_event": None,
             "duration": (now - trace.received) if trace else None,
         }
+        if action.tokens is not None:  # the token path: ids sent, of them reused
+            event["ids_sent"] = action.tokens.reused + action.tokens.new
+            event["ids_reused"] = action.tokens.reused
+            event["divergence"] = action.tokens.divergence
         if trace is not None and trace.upstream_start is not None and trace.first_sent:
             total = trace.first_sent - trace.received
             upstream = (trace.upstream_first or now) - trace.upstream_start

@@ -18,7 +18,7 @@ import aiohttp
 
 from ..config import UpstreamSettings
 from ..core.errors import UpstreamError, upstream_http_error, upstream_redirect
-from ..core.urls import redact_url
+from ..core.urls import ROOT, redact_url, server_root
 from ..logs import request_id_var
 
 log = logging.getLogger("wsmode.upstream")
@@ -216,6 +216,8 @@ class UpstreamClient:
             **headers,
         }
         base = self.base_url if base_url is None else base_url
+        if path.startswith(ROOT):  # the server's own endpoint, beside its /v1 API
+            base, path = server_root(base), path[len(ROOT) :]
         async with (self.gate if gate is None else gate).slot():
             if on_sent is not None:
                 on_sent()

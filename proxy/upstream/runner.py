@@ -33,15 +33,23 @@ from ..core.actions import StartUpstream, Summarise
 from ..core.context.manager import SummaryResult
 from ..core.dialects import Dialect
 from ..core.errors import UpstreamError
-from ..core.events import InputRefused, Routed, UpstreamChunk, UpstreamEnded, UpstreamFailed
+from ..core.events import (
+    InputRefused,
+    PromptTokenized,
+    Routed,
+    UpstreamChunk,
+    UpstreamEnded,
+    UpstreamFailed,
+)
 from ..core.sse import SSEDecoder
+from ..core.tokens.dialect import ROOT, TokenPrompt
 from .client import request_body
 from .moderation import Moderator
 from .pool import UpstreamPool
 
 log = logging.getLogger("wsmode.upstream")
 
-Report = Routed | UpstreamChunk | UpstreamEnded | UpstreamFailed | InputRefused
+Report = Routed | PromptTokenized | UpstreamChunk | UpstreamEnded | UpstreamFailed | InputRefused
 
 
 class Trace(Protocol):
@@ -137,7 +145,16 @@ class UpstreamCall:
             if refusal is not None:
                 yield InputRefused(start, refusal)
                 return
-        body = request_body(start.body)
+        if start.tokens is None:
+            body = request_body(start.body)
+        else:  # the token path: the new text's ids first (core/tokens/dialect.py)
+            try:
+                ids = start.tokens.new_ids(await self._tokenize(start.tokens))
+            except UpstreamError as err:
+                yield self._failed(err)
+                return
+            yield PromptTokenized(run_id, ids)
+            body = start.tokens.body(ids)
         on_sent = trace.sent if trace is not None else None
         try:
             replica, chunks = await self._stack.enter_async_context(
@@ -156,6 +173,24 @@ class UpstreamCall:
             yield self._failed(err)
             return
         yield UpstreamEnded(run_id)
+
+    async def _tokenize(self, prompt: TokenPrompt) -> bytes | None:
+        """The server's answer to tokenising the prompt's new text (None: there is none).
+        Any replica will do: they serve one model."""
+        body = prompt.tokenize_body()
+        if body is None:
+            return None
+        path = ROOT + prompt.engine.tokenize_path
+        answer = bytearray()
+        async with self.runner.pool.stream(path, body, self.runner.headers) as (_, chunks):
+            async for chunk in chunks:
+                answer += chunk
+                if len(answer) > self.runner.max_event_bytes:
+                    raise UpstreamError(
+                        "upstream's tokenize answer is larger than upstream.max_event_bytes",
+                        code="upstream_event_too_large",
+                    )
+        return bytes(answer)
 
     def _failed(self, err: UpstreamError) -> UpstreamFailed:
         log.warning("%s upstream failure (%s): %s", self.runner.label, err.status, err.message)

@@ -86,9 +86,10 @@ class TokenEngine(Protocol):
     @property
     def tokenize_path(self) -> str: ...
 
-    def tokenize_body(self, text: str) -> bytes:
+    def tokenize_body(self, text: str, *, add_special: bool = False) -> bytes:
         """Asks for `text`'s ids as the server tokenises a prompt: special tokens written in
-        the text are parsed, none (BOS) are added."""
+        the text are parsed; those the model adds to a prompt (BOS) only with `add_special`
+        (the start of a prompt, as the server's chat endpoint tokenises it)."""
         ...
 
     def tokenize_ids(self, body: bytes) -> list[int]:
@@ -195,8 +196,8 @@ class LlamaCppEngine:
     generate_path = "/completion"
     tokenize_path = "/tokenize"
 
-    def tokenize_body(self, text: str) -> bytes:
-        return wire.dumps({"content": text, "add_special": False, "parse_special": True})
+    def tokenize_body(self, text: str, *, add_special: bool = False) -> bytes:
+        return wire.dumps({"content": text, "add_special": add_special, "parse_special": True})
 
     def tokenize_ids(self, body: bytes) -> list[int]:
         doc = json_object(body, "a tokenize answer")

@@ -1,0 +1,334 @@
+"""The token dialect, `upstream.api = "tokens"` (docs/tokens.md): the proxy renders the chat
+template, keeps each response's ids, sends ids to the engine's generate endpoint and parses the
+generated text into Responses events itself.
+
+A turn's request is a `TokenPrompt`: the parent's kept ids (core/tokens/chain.py) and the new
+text to tokenise. The runner asks the server to tokenise that text, reports its ids
+(`PromptTokenized`) and sends the prompt; the stream is read by `TokenStream`, which feeds the
+engine's deltas through the output parser (core/tokens/parsers.py) into the canonical event
+sequence (core/dialects/builder.py).
+
+Summaries of a compaction, which are the proxy's own requests, go over the server's Chat
+Completions endpoint (every engine serves one): `body`, `path` and `translator` are the Chat
+dialect's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import wire
+from ..api_objects import usage_of
+from ..dialects.builder import BuiltStream
+from ..dialects.chat import ChatDialect, ChatStream, namespace_names
+from ..dialects.chat_request import messages as chat_messages
+from ..dialects.chat_settings import chat_settings
+from ..errors import ClientError
+from ..ids import new_id as mint_id
+from ..sse import SSEEvent
+from ..urls import ROOT
+from .chain import (
+    Continuation,
+    Segment,
+    TokenTurn,
+    TokenUse,
+    continue_from,
+    new_ids,
+    prompt_json,
+)
+from .engine import Generated, Sampling, TokenEngine
+from .parsers import BrokenCall, CallPiece, OutputParser, ReasoningPiece, TextPiece
+from .template import ChatTemplate, object_arguments
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSetup:
+    """What the token path knows of its server, found at start-up (upstream/token_probe.py)."""
+
+    engine: TokenEngine
+    template: ChatTemplate
+    parser: Callable[[], OutputParser]  # a new parser per response
+    vocab_size: int = 0  # 0: unknown
+    context_window: int = 0  # tokens; 0: unknown
+    model: str | None = None  # the server's model name, for engines that want one
+
+
+@dataclass(frozen=True, slots=True)
+class TokenPrompt:
+    """One turn's prompt, to be completed by the runner: tokenise `plan.text`, then send."""
+
+    engine: TokenEngine
+    plan: Continuation
+    sampling: Sampling
+
+    def tokenize_body(self) -> bytes | None:
+        """The tokenise request for the new text, None when there is none."""
+        if not self.plan.text:
+            return None
+        return self.engine.tokenize_body(self.plan.text, add_special=self.plan.kept_ids == 0)
+
+    def new_ids(self, answer: bytes | None) -> list[int]:
+        """The new text's ids from the tokenise answer (None: there was no new text)."""
+        if answer is None:
+            return []
+        return new_ids(self.plan, self.engine.tokenize_ids(answer))
+
+    def body(self, ids: list[int]) -> bytes:
+        new = ",".join(map(str, ids)).encode()
+        return self.engine.generate_body(prompt_json(self.plan, new), self.sampling)
+
+
+def fingerprint(setup: TokenSetup, settings: Mapping[str, Any]) -> str:
+    """What must be equal for ids to be reused: the model, the template (and its special
+    tokens), the tool set and the engine."""
+    tools = settings.get("tools")
+    digest = hashlib.sha256(wire.dumps(tools)).hexdigest()[:16] if tools else ""
+    return f"{setup.engine.name}|{settings.get('model')}|{setup.template.digest}|{digest}"
+
+
+class TokenStream(BuiltStream):
+    """The Responses events of one generate stream; keeps what the model generated."""
+
+    def __init__(
+        self,
+        request: dict[str, Any],
+        patch: dict[str, Any],
+        *,
+        engine: TokenEngine,
+        parser: OutputParser,
+        names: dict[str, tuple[str, str]],
+        model: str | None,
+        clock: Callable[[], float],
+        new_id: Callable[[str], str],
+    ) -> None:
+        super().__init__(request, patch, clock=clock, new_id=new_id)
+        self._engine_stream = engine.stream()
+        self._parser = parser
+        self._names = names
+        self._model = model
+        self._calls = 0
+        self._broken: str | None = None
+        self.text: list[str] = []  # the generated text, as streamed
+        self.ids = array("i")  # the generated ids, as reported
+        self.logprobs = array("d")
+        self.finish: str | None = None
+        self.prompt: TokenPrompt | None = None  # set by the planner, with `fingerprint`
+        self.fingerprint = ""
+        self.prompt_ids: list[int] | None = None  # the new text's ids (`PromptTokenized`)
+
+    def feed(self, event: SSEEvent) -> list[bytes]:
+        if self.outcome is not None:
+            return []
+        return self._take(self._engine_stream.feed(event))
+
+    def eof(self) -> list[bytes]:
+        if self.outcome is not None:
+            return []
+        return self._take(self._engine_stream.eof())
+
+    def use(self) -> TokenUse | None:
+        """What the prompt took from the cache, once it is known (`Finished.tokens`)."""
+        if self.prompt is None or self.prompt_ids is None:
+            return None
+        plan = self.prompt.plan
+        return TokenUse(plan.kept_ids, len(self.prompt_ids), plan.divergence)
+
+    def turn(self) -> TokenTurn | None:
+        """The response's tokens, once it ended and its prompt is known."""
+        if self.prompt is None or self.prompt_ids is None or self.outcome is None:
+            return None
+        plan = self.prompt.plan
+        base = plan.base
+        prompt = Segment.of(plan.text, self.prompt_ids)
+        length = plan.kept_ids + len(self.prompt_ids)
+        return TokenTurn(
+            base,
+            self.fingerprint,
+            prompt,
+            Segment.of("".join(self.text), self.ids),
+            logprobs=self.logprobs if self.logprobs else None,
+            eos=self.finish == "stop" and self._broken is None,
+            prompt_length=length,
+        )
+
+    # ------------------------------------------------------------ internals
+
+    def _take(self, gen: Generated) -> list[bytes]:
+        out = self._start()
+        if gen.text:
+            self.text.append(gen.text)
+            out += self._pieces(self._parser.feed(gen.text))
+        if gen.ids:
+            self.ids.extend(gen.ids)
+        if gen.logprobs:
+            self.logprobs.extend(gen.logprobs)
+        if gen.finish is None:
+            return out
+        self.finish = gen.finish
+        out += self._pieces(self._parser.end())
+        usage = None
+        if gen.usage is not None:
+            u = gen.usage
+            usage = usage_of(u.prompt_tokens, u.completion_tokens, cached=u.cached_tokens)
+        if self._broken is not None:
+            return out + self._end("incomplete", usage, None, self._broken)
+        if gen.finish == "length":
+            return out + self._end("incomplete", usage, None, "max_output_tokens")
+        return out + self._end("completed", usage, None, None)
+
+    def _start(self) -> list[bytes]:
+        if self._builder is not None:
+            return []
+        return self._begin(self._new_id("resp"), None, self._model)
+
+    def _pieces(self, pieces: list[Any]) -> list[bytes]:
+        b = self._builder
+        assert b is not None
+        out: list[bytes] = []
+        for p in pieces:
+            if isinstance(p, TextPiece):
+                out += b.text(p.text)
+            elif isinstance(p, ReasoningPiece):
+                out += b.reasoning(p.text)
+            elif isinstance(p, CallPiece):
+                key = ("call", self._calls)
+                self._calls += 1
+                name, namespace = p.name, None
+                if name in self._names:
+                    namespace, name = self._names[name]
+                out += b.call_open(
+                    key, call_id=self._new_id("call"), name=name, namespace=namespace
+                )
+                out += b.call_args(key, p.arguments)
+            elif isinstance(p, BrokenCall):
+                # never a completed call with broken arguments: the text as the model wrote
+                # it, and the response ends incomplete
+                out += b.text(p.raw)
+                if self._broken is None:
+                    self._broken = (
+                        "max_output_tokens" if p.reason == "unterminated" else "invalid_tool_call"
+                    )
+        return out
+
+
+class TokenDialect:
+    """`upstream.api = "tokens"`: ids to the engine; the Chat dialect for summaries."""
+
+    name = "tokens"
+
+    def __init__(
+        self,
+        chat: ChatDialect,
+        *,
+        clock: Callable[[], float] = lambda: 0.0,
+        new_id: Callable[[str], str] = mint_id,
+    ) -> None:
+        self.chat = chat
+        self.setup: TokenSetup | None = None  # found at start-up (upstream/token_probe.py)
+        self.not_ready: str | None = "the token engine has not been probed yet"
+        self._clock = clock
+        self._new_id = new_id
+
+    # ---- the Dialect protocol, for the proxy's own requests (summaries)
+
+    @property
+    def path(self) -> str:
+        return self.chat.path
+
+    def body(
+        self, settings: dict[str, Any], extra: dict[str, Any], items: list[bytes]
+    ) -> list[bytes]:
+        return self.chat.body(settings, extra, items)
+
+    def translator(self, patch: dict[str, Any], request: dict[str, Any]) -> ChatStream:
+        return self.chat.translator(patch, request)
+
+    def retry_elsewhere(self, status: int, stream: object) -> bool:
+        return False
+
+    # ---- a client's turn
+
+    def ready(self, setup: TokenSetup) -> None:
+        self.setup, self.not_ready = setup, None
+
+    def stream(self, patch: dict[str, Any], request: dict[str, Any]) -> TokenStream:
+        setup = self._setup()
+        return TokenStream(
+            request,
+            patch,
+            engine=setup.engine,
+            parser=setup.parser(),
+            names=namespace_names(request.get("tools")),
+            model=setup.model,
+            clock=self._clock,
+            new_id=self._new_id,
+        )
+
+    def prompt(
+        self,
+        settings: Mapping[str, Any],
+        items: list[bytes],
+        parent: TokenTurn | None,
+        extra: Mapping[str, Any],
+    ) -> tuple[TokenPrompt, str]:
+        """The turn's prompt and its fingerprint. Raises ClientError (the template failed,
+        a setting the engine cannot take)."""
+        setup = self._setup()
+        opts = self.chat.options
+        head, _ = chat_settings(settings, opts)
+        instructions = settings.get("instructions")
+        msgs = [
+            wire.loads(m)
+            for m in chat_messages(
+                items,
+                opts,
+                self.chat.memo,
+                instructions if isinstance(instructions, str) else None,
+            )
+        ]
+        tools = head.get("tools")
+        text = setup.template.render(object_arguments(msgs), tools)
+        print_ = fingerprint(setup, settings)
+        plan = continue_from(parent, text, print_)
+        return TokenPrompt(setup.engine, plan, _sampling(settings, extra, setup)), print_
+
+    def _setup(self) -> TokenSetup:
+        if self.setup is None:
+            raise ClientError(
+                f"the token path is not ready: {self.not_ready}",
+                status=503,
+                code="upstream_not_ready",
+                type="server_error",
+            )
+        return self.setup
+
+
+def _sampling(settings: Mapping[str, Any], extra: Mapping[str, Any], setup: TokenSetup) -> Sampling:
+    def number(key: str) -> float | None:
+        v = settings.get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    limit = settings.get("max_output_tokens")
+    seed = settings.get("seed")
+    include = settings.get("include")
+    slot = extra.get("id_slot")
+    chain = extra.get("prompt_cache_key")
+    return Sampling(
+        model=setup.model
+        or (settings.get("model") if isinstance(settings.get("model"), str) else None),
+        max_tokens=limit if wire.is_int(limit) else None,
+        temperature=number("temperature"),
+        top_p=number("top_p"),
+        seed=seed if wire.is_int(seed) else None,
+        logprobs=(isinstance(include, list) and "message.output_text.logprobs" in include)
+        or wire.is_int(settings.get("top_logprobs")),
+        slot=slot if wire.is_int(slot) else None,
+        session=chain if isinstance(chain, str) else None,
+    )
+
+
+__all__ = ["ROOT", "TokenDialect", "TokenPrompt", "TokenSetup", "TokenStream", "fingerprint"]

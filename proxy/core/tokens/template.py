@@ -1,0 +1,147 @@
+"""The model's chat template, rendered here as the model server renders it (docs/tokens.md
+"Rendering").
+
+A Jinja chat template is code from the model's files, so it runs in Jinja's immutable
+sandbox, as Hugging Face transformers runs it: no attribute of Python internals, no mutation of
+the values passed in. The environment is set up the way transformers and llama.cpp's own
+template engine (minja) set theirs, so the text is the same byte for byte:
+
+- `trim_blocks` and `lstrip_blocks` on;
+- `tojson` writes JSON as Python's `json.dumps` does by default (`", "` and `": "`
+  separators, keys in their order, non-ASCII and `<`, `>`, `&` as they are), not Jinja's
+  HTML-safe variant;
+- `raise_exception(message)` for templates that refuse a conversation, and
+  `strftime_now(format)` for templates that print the date;
+- `bos_token` and `eos_token` from the server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from ..errors import ProxyError
+
+
+class TemplateFailed(ProxyError):
+    """The chat template could not render this conversation (it raised, or it is broken):
+    the request is refused, naming the template and where it failed."""
+
+    status = 400
+    type = "invalid_request_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="chat_template_error")
+
+
+class _Raised(Exception):
+    """The template called `raise_exception`."""
+
+
+def _tojson(
+    value: Any,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+    ensure_ascii: bool = False,
+) -> str:
+    return json.dumps(
+        value,
+        indent=indent,
+        separators=separators,
+        sort_keys=sort_keys,
+        ensure_ascii=ensure_ascii,
+    )
+
+
+def _raise(message: str) -> NoReturn:
+    raise _Raised(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return time.strftime(fmt)
+
+
+class ChatTemplate:
+    """One chat template, compiled once; `render` is called once per turn."""
+
+    def __init__(self, source: str, *, name: str, bos_token: str = "", eos_token: str = "") -> None:
+        self.source = source
+        self.name = name  # where it came from, for error messages and logs
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = _strftime_now
+        try:
+            self._template = env.from_string(source)
+        except TemplateError as exc:
+            raise ValueError(f"chat template {name} does not compile: {exc}") from None
+        self.digest = hashlib.sha256(
+            b"\0".join(s.encode() for s in (source, bos_token, eos_token))
+        ).hexdigest()[:16]
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The prompt text for `messages` (Chat Completions shape) and `tools`. Raises
+        TemplateFailed naming the template and the message it failed on, when known."""
+        try:
+            return self._template.render(
+                messages=messages,
+                tools=list(tools) if tools else None,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except _Raised as exc:
+            raise TemplateFailed(
+                f"chat template {self.name} refused the conversation "
+                f"({len(messages)} messages): {exc}"
+            ) from None
+        except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise TemplateFailed(
+                f"chat template {self.name} failed to render the conversation "
+                f"({len(messages)} messages, the last a {_role(messages)} message): "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+
+
+def object_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool calls' `arguments` strings that hold a JSON object, as that object: llama.cpp
+    hands templates the parsed arguments (so `arguments | tojson` prints them), and the text
+    must be the same. Changes the messages in place and returns them."""
+    for msg in messages:
+        calls = msg.get("tool_calls")
+        for call in calls if isinstance(calls, list) else []:
+            fn = call.get("function") if isinstance(call, dict) else None
+            args = fn.get("arguments") if isinstance(fn, dict) else None
+            if isinstance(args, str):
+                try:
+                    parsed = json.loads(args)
+                except ValueError:
+                    continue
+                if isinstance(parsed, dict):
+                    fn["arguments"] = parsed  # type: ignore[index]
+    return messages
+
+
+def _role(messages: Sequence[Mapping[str, Any]]) -> str:
+    role = messages[-1].get("role") if messages else None
+    return role if isinstance(role, str) else "no"
+
+
+__all__ = ["ChatTemplate", "TemplateFailed", "object_arguments"]

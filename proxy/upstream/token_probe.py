@@ -1,0 +1,170 @@
+"""The token path's start-up (docs/tokens.md "Start-up"): which engine the server is, its
+chat template and special tokens, its vocabulary and context window.
+
+`upstream.token_engine = "auto"` asks the server's root in turn: llama.cpp answers
+`GET /props` (with `default_generation_settings`), SGLang `GET /get_model_info` (with
+`model_path`), vLLM `GET /version`. The template is `upstream.chat_template_file`, else the
+one llama.cpp reports in `/props`; vLLM and SGLang report none, so they need the file. Until
+this succeeds the token path is not ready: `/readyz` answers 503 with the reason, turns fail
+with `upstream_not_ready`, and the probe is tried again every few seconds. Nothing falls back
+to text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from ..config import UpstreamSettings
+from ..core import wire
+from ..core.tokens.dialect import TokenDialect, TokenSetup
+from ..core.tokens.engine import LlamaCppEngine, TokenEngine
+from ..core.tokens.parsers import parser_for
+from ..core.tokens.sglang import SglangEngine
+from ..core.tokens.template import ChatTemplate
+from ..core.tokens.vllm import VllmEngine
+from ..core.urls import redact_url, server_root
+from .client import UpstreamClient, describe
+
+log = logging.getLogger("wsmode.upstream")
+
+PROBE_TIMEOUT = 5.0  # seconds per request of the probe
+RETRY_SECONDS = 3.0  # between attempts while the server is not there
+
+
+class NotReady(Exception):
+    """Why the token path cannot start yet (shown in /readyz and in turns' errors)."""
+
+
+async def _get(client: UpstreamClient, url: str) -> dict[str, Any] | None:
+    """The JSON object `GET url` answers with 200, else None."""
+    assert client.session is not None
+    timeout = aiohttp.ClientTimeout(total=min(PROBE_TIMEOUT, client.settings.connect_timeout))
+    try:
+        async with client.session.get(url, timeout=timeout) as resp:
+            if resp.status != 200:
+                return None
+            doc = wire.loads(await resp.read())
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        raise NotReady(f"{redact_url(url)} did not answer ({describe(exc)})") from None
+    except wire.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+async def _engine(
+    client: UpstreamClient, root: str, choice: str, model: str | None
+) -> tuple[TokenEngine, dict[str, Any]]:
+    """The engine at `root` and what it said about itself."""
+    if choice in ("auto", "llamacpp"):
+        props = await _get(client, root + "/props")
+        if props is not None and "default_generation_settings" in props:
+            return LlamaCppEngine(), props
+        if choice == "llamacpp":
+            raise NotReady(f"{redact_url(root)}/props is not llama.cpp's")
+    if choice in ("auto", "sglang"):
+        info = await _get(client, root + "/get_model_info")
+        if info is not None and "model_path" in info:
+            return SglangEngine(), info
+        if choice == "sglang":
+            raise NotReady(f"{redact_url(root)}/get_model_info is not SGLang's")
+    if choice in ("auto", "vllm"):
+        version = await _get(client, root + "/version")
+        if version is not None and "version" in version:
+            return VllmEngine(model), version
+        if choice == "vllm":
+            raise NotReady(f"{redact_url(root)}/version is not vLLM's")
+    raise NotReady(
+        f"{redact_url(root)} is none of the token engines (llama.cpp /props, SGLang "
+        "/get_model_info, vLLM /version); point upstream.url at one, or use api = chat"
+    )
+
+
+async def _vocab_size(client: UpstreamClient, base: str) -> int:
+    """llama.cpp reports its vocabulary in `GET /v1/models` (`meta.n_vocab`)."""
+    try:
+        doc = await _get(client, base.rstrip("/") + "/models")
+    except NotReady:
+        return 0
+    data = doc.get("data") if doc else None
+    meta = (
+        data[0].get("meta")
+        if isinstance(data, list) and data and isinstance(data[0], dict)
+        else None
+    )
+    n = meta.get("n_vocab") if isinstance(meta, dict) else None
+    return n if wire.is_int(n) else 0
+
+
+async def setup(client: UpstreamClient, settings: UpstreamSettings, base: str) -> TokenSetup:
+    """The token path's setup from the server at `base`. Raises NotReady."""
+    root = server_root(base)
+    engine, said = await _engine(client, root, settings.token_engine, None)
+    source, where = "", ""
+    if settings.chat_template_file:
+        where = settings.chat_template_file
+        source = Path(where).read_text(encoding="utf-8")
+    elif isinstance(said.get("chat_template"), str) and said["chat_template"]:
+        source, where = said["chat_template"], f"{redact_url(root)}/props"
+    if not source:
+        raise NotReady(
+            f"the {engine.name} server reports no chat template: set upstream.chat_template_file"
+        )
+
+    def token(key: str) -> str:
+        value = said.get(key)
+        return value if isinstance(value, str) else ""
+
+    try:
+        template = ChatTemplate(
+            source, name=where, bos_token=token("bos_token"), eos_token=token("eos_token")
+        )
+    except ValueError as exc:
+        raise NotReady(str(exc)) from None
+    gen = said.get("default_generation_settings")
+    n_ctx = gen.get("n_ctx") if isinstance(gen, dict) else None
+    model = said.get("model_alias") or said.get("model_path")
+    tool_format = settings.tool_format
+    return TokenSetup(
+        engine=engine,
+        template=template,
+        parser=lambda: parser_for(tool_format, source),
+        vocab_size=await _vocab_size(client, base) if engine.name == "llamacpp" else 0,
+        context_window=n_ctx if wire.is_int(n_ctx) else 0,
+        model=model if isinstance(model, str) else None,
+    )
+
+
+async def prepare(
+    client: UpstreamClient, settings: UpstreamSettings, dialect: TokenDialect, base: str
+) -> None:
+    """Probe until the token path is ready (the task is cancelled at shutdown)."""
+    attempt = 0
+    while True:
+        try:
+            found = await setup(client, settings, base)
+        except NotReady as exc:
+            dialect.not_ready = str(exc)
+            if attempt == 0:
+                log.error("the token path is not ready: %s (trying again)", exc)
+            attempt += 1
+            await asyncio.sleep(RETRY_SECONDS)
+            continue
+        dialect.ready(found)
+        log.info(
+            "token path: %s at %s (template %s, vocabulary %s, context %s, tool format %s)",
+            found.engine.name,
+            redact_url(server_root(base)),
+            found.template.name,
+            found.vocab_size or "unknown",
+            found.context_window or "unknown",
+            settings.tool_format,
+        )
+        return
+
+
+__all__ = ["NotReady", "prepare", "setup"]
