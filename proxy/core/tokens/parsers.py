@@ -1,0 +1,352 @@
+"""Model output parsers: the raw text a token engine generates -> typed pieces of a response.
+
+A raw completion endpoint (llama.cpp `/completion`, vLLM's and SGLang's) returns the text the
+model wrote, tags and all: the server no longer splits it into content, reasoning and tool
+calls, so the token path does. A parser is fed the generated text in streamed deltas, cut
+anywhere (a tag may arrive as `<tool_` then `call>`), and returns pieces:
+
+- `TextPiece` and `ReasoningPiece`: deltas of the message text and of the reasoning text,
+  emitted as soon as they are certainly not the start of a tag (only a trailing fragment that
+  could begin one is held back, so text streams as smoothly as the model writes it);
+- `CallPiece`: one whole tool call, emitted when its closing tag arrives;
+- `BrokenCall`: a tool call block that cannot be read as one (see its `reason`).
+
+Concatenating the text deltas (and the reasoning deltas) gives the same result however the
+output was cut; tests/unit/test_token_parsers.py feeds every split.
+
+Formats provided:
+- `HermesParser`: Hermes, Qwen2.5 and Qwen3 (and templates written like them): a call is
+  `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, reasoning is
+  `<think>...</think>`.
+- `NoToolsParser`: plain text (and optional think blocks), for `tool_format = "none"`.
+
+Not yet provided, and meant to fit the `OutputParser` protocol unchanged: gpt-oss's harmony
+channels (via `openai-harmony`), Mistral's `[TOOL_CALLS]` list and Llama 3's bare JSON call.
+
+A parser holds the state of one response: make a new one for each (`parser_for` returns a
+new one on every call). `end()` is called once, when generation ends; the parser is then
+spent, and feeding it again is a bug.
+
+A caller that asks the server to stop at `</tool_call>` gets the output without that stop
+text: it feeds the stop text back (llama.cpp reports it as `stopping_word`) before `end()`,
+else the last call is `BrokenCall(reason="unterminated")`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol, TypeAlias
+
+from .. import wire
+
+TOOL_FORMATS = ("auto", "hermes", "none")
+
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "</tool_call>"
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+# The bound on one tool call's buffered text (between its tags), in characters. A call's
+# arguments are rarely more than a few KiB; a file written through a tool can be large.
+MAX_CALL_CHARS = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class TextPiece:
+    """A delta of the message text."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningPiece:
+    """A delta of the reasoning text (a think block's content)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallPiece:
+    """One tool call; `arguments` is the JSON text of the arguments object, written compactly
+    from its parsed value (the Responses `function_call.arguments` string)."""
+
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class BrokenCall:
+    """A tool call block that is not one call. `raw` is the block's text as the model wrote
+    it (for "too_long", its first `max_call_chars` characters). `reason` is one of:
+
+    - "invalid_json": the block is not a JSON object;
+    - "no_name": the object has no `name` string (or an empty one);
+    - "bad_arguments": `arguments` is neither an object nor a string holding one;
+    - "too_deep": the arguments nest too deeply to be written again;
+    - "too_long": the block is longer than the parser's `max_call_chars`;
+    - "unterminated": generation ended inside the block.
+    """
+
+    raw: str
+    reason: str
+
+
+Piece: TypeAlias = TextPiece | ReasoningPiece | CallPiece | BrokenCall
+
+
+class OutputParser(Protocol):
+    """The generated text of one response -> pieces, incrementally."""
+
+    @property
+    def after_calls_text(self) -> bool:
+        """True once the model wrote text (other than whitespace) after a tool call, which
+        was dropped: a base model that keeps talking, so the caller may stop it."""
+        ...
+
+    def feed(self, delta: str) -> list[Piece]:
+        """The pieces that `delta`, the next fragment of the output, completes."""
+        ...
+
+    def end(self) -> list[Piece]:
+        """Generation ended: the pieces still held back."""
+        ...
+
+
+class _Mode(enum.Enum):
+    TEXT = enum.auto()  # message text (think and call tags recognised)
+    THINK = enum.auto()  # inside <think>
+    CALL = enum.auto()  # inside <tool_call>, buffering the call
+    SKIP = enum.auto()  # inside a <tool_call> already reported too long
+    AFTER = enum.auto()  # after a call: only further calls count
+    ENDED = enum.auto()  # end() was called
+
+
+class _TagParser:
+    """The machine behind both parsers: the text between the tags of the current mode is its
+    content, a tag changes the mode.
+
+    Theory of operation. `feed` appends the delta to the held fragment and repeatedly finds
+    the first of the current mode's tags in it: the text before the tag is content of the
+    mode, the tag switches it. When no tag is left, everything but the longest suffix that
+    could begin a tag is content, and that suffix (shorter than the longest tag) is held for
+    the next delta. So the held text stays a few characters, and each character is looked at
+    a bounded number of times. The modes and their tags:
+
+        TEXT   <think> -> THINK, </think> (stray) dropped, <tool_call> -> CALL
+        THINK  </think> -> TEXT
+        CALL   </tool_call> -> AFTER, emitting the call; past the bound -> SKIP
+        SKIP   </tool_call> -> AFTER
+        AFTER  <tool_call> -> CALL; any other text dropped
+
+    Whitespace at the start of the output, of a think block and of the text after one is
+    dropped (Qwen3 writes `<think>\\n...\\n</think>\\n\\n`), so text or reasoning that is only
+    whitespace never becomes a piece. Inside a think block a `<tool_call>` is reasoning text.
+    """
+
+    def __init__(self, *, tools: bool, think: bool, starts_in_think: bool, max_call_chars: int):
+        if starts_in_think and not think:
+            raise ValueError("starts_in_think needs think=True")
+        if max_call_chars < 1:
+            raise ValueError("max_call_chars must be at least 1")
+        text_tags: list[str] = []
+        if think:
+            text_tags += [THINK_OPEN, THINK_CLOSE]
+        if tools:
+            text_tags.append(CALL_OPEN)
+        self._tags = {
+            _Mode.TEXT: tuple(text_tags),
+            _Mode.THINK: (THINK_CLOSE,),
+            _Mode.CALL: (CALL_CLOSE,),
+            _Mode.SKIP: (CALL_CLOSE,),
+            _Mode.AFTER: (CALL_OPEN,),
+        }
+        self._max_call_chars = max_call_chars
+        self._mode = _Mode.THINK if starts_in_think else _Mode.TEXT
+        self._held = ""  # a trailing fragment that may begin a tag of the current mode
+        self._lstrip = True  # drop whitespace at the start of the current text or reasoning
+        self._call: list[str] = []  # the current call's text, in fragments
+        self._call_chars = 0
+        self._after_calls_text = False
+
+    @property
+    def after_calls_text(self) -> bool:
+        return self._after_calls_text
+
+    def feed(self, delta: str) -> list[Piece]:
+        if self._mode is _Mode.ENDED:
+            raise RuntimeError("feed after end: a parser serves one response")
+        out: list[Piece] = []
+        rest = self._held + delta
+        while rest:
+            tags = self._tags[self._mode]
+            at, tag = _first_tag(rest, tags)
+            if tag is None:
+                keep = _tag_prefix_len(rest, tags)
+                self._content(rest[: len(rest) - keep], out)
+                rest = rest[len(rest) - keep :]
+                break
+            self._content(rest[:at], out)
+            rest = rest[at + len(tag) :]
+            self._tag(tag, out)
+        self._held = rest
+        return out
+
+    def end(self) -> list[Piece]:
+        if self._mode is _Mode.ENDED:
+            raise RuntimeError("end called twice: a parser serves one response")
+        out: list[Piece] = []
+        held, self._held = self._held, ""
+        if self._mode is _Mode.CALL:
+            out.append(BrokenCall("".join(self._call) + held, "unterminated"))
+        else:  # a fragment that never became a tag is content after all
+            self._content(held, out)
+        self._mode = _Mode.ENDED
+        self._call = []
+        return out
+
+    def _content(self, text: str, out: list[Piece]) -> None:
+        if not text:
+            return
+        mode = self._mode
+        if mode is _Mode.TEXT or mode is _Mode.THINK:
+            if self._lstrip:
+                text = text.lstrip()
+                if not text:
+                    return
+                self._lstrip = False
+            _emit(out, TextPiece(text) if mode is _Mode.TEXT else ReasoningPiece(text))
+        elif mode is _Mode.CALL:
+            self._call.append(text)
+            self._call_chars += len(text)
+            if self._call_chars > self._max_call_chars:
+                raw = "".join(self._call)[: self._max_call_chars]
+                out.append(BrokenCall(raw, "too_long"))
+                self._call = []
+                self._mode = _Mode.SKIP
+        elif mode is _Mode.AFTER and not text.isspace():
+            self._after_calls_text = True
+        # SKIP, or whitespace after a call: nothing
+
+    def _tag(self, tag: str, out: list[Piece]) -> None:
+        if tag == THINK_OPEN:
+            self._mode = _Mode.THINK
+            self._lstrip = True
+        elif tag == THINK_CLOSE:
+            if self._mode is _Mode.THINK:
+                self._mode = _Mode.TEXT
+                self._lstrip = True
+            # else a stray close in the text (the prompt opened the block): dropped
+        elif tag == CALL_OPEN:
+            self._mode = _Mode.CALL
+            self._call = []
+            self._call_chars = 0
+        else:  # CALL_CLOSE, in CALL or SKIP
+            if self._mode is _Mode.CALL:
+                out.append(_call_from_json("".join(self._call)))
+                self._call = []
+            self._mode = _Mode.AFTER
+
+
+class HermesParser(_TagParser):
+    """Hermes-style tool calls (Hermes, Qwen2.5, Qwen3): `<tool_call>` JSON `</tool_call>`.
+
+    `think`: read `<think>...</think>` as reasoning. `starts_in_think`: the prompt ended
+    inside a think block (Qwen3's templates can open it), so the output is reasoning until
+    `</think>`. `max_call_chars`: the bound on one call's text (`BrokenCall` "too_long").
+
+    Text before the first call is the message; once a call block has closed, text outside
+    further call blocks is dropped (`after_calls_text` tells), and later calls still count.
+    """
+
+    def __init__(
+        self,
+        think: bool = True,
+        *,
+        starts_in_think: bool = False,
+        max_call_chars: int = MAX_CALL_CHARS,
+    ) -> None:
+        super().__init__(
+            tools=True, think=think, starts_in_think=starts_in_think, max_call_chars=max_call_chars
+        )
+
+
+class NoToolsParser(_TagParser):
+    """Plain text, and with `think` (as for `HermesParser`) think blocks as reasoning. Tool
+    call tags are text; `after_calls_text` is always False."""
+
+    def __init__(self, think: bool = True, *, starts_in_think: bool = False) -> None:
+        super().__init__(
+            tools=False, think=think, starts_in_think=starts_in_think, max_call_chars=MAX_CALL_CHARS
+        )
+
+
+def parser_for(
+    tool_format: str, template_source: str, *, starts_in_think: bool = False
+) -> OutputParser:
+    """A new parser for one response. `tool_format` is one of `TOOL_FORMATS`; "auto" is
+    "hermes" when the chat template (its Jinja source) writes `<tool_call>`, else "none".
+    Think blocks are recognised in every format (a model that never writes `<think>` loses
+    nothing); `starts_in_think` as for `HermesParser`."""
+    if tool_format not in TOOL_FORMATS:
+        raise ValueError(f"tool_format must be one of {', '.join(TOOL_FORMATS)}: {tool_format!r}")
+    if tool_format == "auto":
+        tool_format = "hermes" if CALL_OPEN in template_source else "none"
+    if tool_format == "hermes":
+        return HermesParser(starts_in_think=starts_in_think)
+    return NoToolsParser(starts_in_think=starts_in_think)
+
+
+def _emit(out: list[Piece], piece: TextPiece | ReasoningPiece) -> None:
+    """Append `piece`, joined to the last one when it is of the same kind."""
+    if out and type(out[-1]) is type(piece):
+        last = out[-1]
+        assert isinstance(last, TextPiece | ReasoningPiece)
+        out[-1] = type(piece)(last.text + piece.text)
+    else:
+        out.append(piece)
+
+
+def _first_tag(text: str, tags: tuple[str, ...]) -> tuple[int, str | None]:
+    """The earliest of `tags` in `text`: its index and itself, or (-1, None)."""
+    best, found = -1, None
+    for tag in tags:
+        at = text.find(tag)
+        if at >= 0 and (found is None or at < best):
+            best, found = at, tag
+    return best, found
+
+
+def _tag_prefix_len(text: str, tags: tuple[str, ...]) -> int:
+    """The length of the longest suffix of `text` that is a proper prefix of one of `tags`."""
+    longest = max((len(tag) for tag in tags), default=1) - 1
+    for n in range(min(longest, len(text)), 0, -1):
+        tail = text[-n:]
+        if any(tag.startswith(tail) for tag in tags):
+            return n
+    return 0
+
+
+def _call_from_json(raw: str) -> CallPiece | BrokenCall:
+    """`{"name": ..., "arguments": {...}}` (arguments may be a string holding the object)."""
+    try:
+        call = wire.loads(raw)
+    except wire.JSONDecodeError:
+        return BrokenCall(raw, "invalid_json")
+    if not isinstance(call, dict):
+        return BrokenCall(raw, "invalid_json")
+    name = call.get("name")
+    if not isinstance(name, str) or not name:
+        return BrokenCall(raw, "no_name")
+    arguments = call.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = wire.loads(arguments)
+        except wire.JSONDecodeError:
+            return BrokenCall(raw, "bad_arguments")
+    if not isinstance(arguments, dict):
+        return BrokenCall(raw, "bad_arguments")
+    try:
+        return CallPiece(name, wire.dumps(arguments).decode())
+    except wire.JSONEncodeError:  # nested deeper than orjson writes (wire._ORJSON_DEPTH)
+        return BrokenCall(raw, "too_deep")
