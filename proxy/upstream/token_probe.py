@@ -136,6 +136,7 @@ async def setup(client: UpstreamClient, settings: UpstreamSettings, base: str) -
         vocab_size=await _vocab_size(client, base) if engine.name == "llamacpp" else 0,
         context_window=n_ctx if wire.is_int(n_ctx) else 0,
         model=model if isinstance(model, str) else None,
+        turn_end=template.turn_end(),
     )
 
 

@@ -120,8 +120,13 @@ def fresh(rendered: str, divergence: str | None = None) -> Continuation:
     return Continuation(None, (), 0, rendered, None, divergence)
 
 
-def continue_from(parent: TokenTurn | None, rendered: str, fingerprint: str) -> Continuation:
-    """The continuation of `parent`'s chain by the conversation `rendered` as a whole."""
+def continue_from(
+    parent: TokenTurn | None, rendered: str, fingerprint: str, turn_end: str = ""
+) -> Continuation:
+    """The continuation of `parent`'s chain by the conversation `rendered` as a whole.
+    `turn_end` is what the template writes after a model's turn (`<end_of_turn>` and a line
+    break, say): the last generation must be followed by it, else the history shows more or
+    other than the model wrote (its text matched only as a prefix)."""
     if parent is None:
         return fresh(rendered)
     if parent.fingerprint != fingerprint:
@@ -148,6 +153,13 @@ def continue_from(parent: TokenTurn | None, rendered: str, fingerprint: str) -> 
                 head, kept, kept_ids + len(t.prompt.ids), rendered, at, "generation_rerendered"
             )
         at += len(t.generated.text)
+        if t is parent and turn_end and not rendered.startswith(turn_end, at):
+            at -= len(t.generated.text)
+            kept.append(t.prompt.json)
+            head = TokenTurn(base, fingerprint, t.prompt, EMPTY_SEGMENT)
+            return _cut(
+                head, kept, kept_ids + len(t.prompt.ids), rendered, at, "generation_rerendered"
+            )
         kept.append(t.prompt.json)
         if t.generated.ids:
             kept.append(t.generated.json)

@@ -55,6 +55,7 @@ class TokenSetup:
     vocab_size: int = 0  # 0: unknown
     context_window: int = 0  # tokens; 0: unknown
     model: str | None = None  # the server's model name, for engines that want one
+    turn_end: str = ""  # what the template writes after a model's turn (ChatTemplate.turn_end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +294,7 @@ class TokenDialect:
         tools = head.get("tools")
         text = setup.template.render(object_arguments(msgs), tools)
         print_ = fingerprint(setup, settings)
-        plan = continue_from(parent, text, print_)
+        plan = continue_from(parent, text, print_, setup.turn_end)
         return TokenPrompt(setup.engine, plan, _sampling(settings, extra, setup)), print_
 
     def _setup(self) -> TokenSetup:

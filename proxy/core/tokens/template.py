@@ -90,6 +90,18 @@ class ChatTemplate:
             b"\0".join(s.encode() for s in (source, bos_token, eos_token))
         ).hexdigest()[:16]
 
+    def turn_end(self) -> str:
+        """What the template writes right after a model's turn (`<end_of_turn>` and a line
+        break, say): found by rendering a probe conversation; "" when it cannot be told."""
+        mark = "\x00wsmode-probe\x00"
+        probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": mark}]
+        try:
+            text = self.render(probe, add_generation_prompt=False)
+        except TemplateFailed:
+            return ""
+        at = text.find(mark)
+        return text[at + len(mark) :] if at >= 0 else ""
+
     def render(
         self,
         messages: Sequence[Mapping[str, Any]],

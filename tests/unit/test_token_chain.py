@@ -1,0 +1,149 @@
+"""The token cache (proxy/core/tokens/chain.py): which ids a continuation keeps, what it
+tokenises, and every divergence named."""
+
+from __future__ import annotations
+
+from wsmode.core.tokens.chain import (
+    DIVERGENCES,
+    Segment,
+    TokenTurn,
+    chain_records,
+    continue_from,
+    fresh,
+    new_ids,
+    prompt_json,
+    turn_of,
+)
+
+FP = "llamacpp|m|t|"
+P1 = "<s>user\nhi<e>\n<s>model\n"
+G1 = "Hello there"
+S2 = "<e>\n<s>user\nmore<e>\n<s>model\n"
+G2 = "Sure"
+
+
+def _turn(
+    parent: TokenTurn | None,
+    prompt: str,
+    pids: list[int],
+    gen: str,
+    gids: list[int],
+    *,
+    eos: bool = False,
+) -> TokenTurn:
+    return TokenTurn(parent, FP, Segment.of(prompt, pids), Segment.of(gen, gids), eos=eos)
+
+
+def _two_turns() -> TokenTurn:
+    first = _turn(None, P1, [1, 2, 3, 4], G1, [10, 11])
+    return _turn(first, S2, [5, 6, 7], G2, [12])
+
+
+def test_a_first_turn_tokenises_the_whole_rendering() -> None:
+    plan = continue_from(None, P1, FP)
+    assert plan == fresh(P1)
+    assert plan.kept_ids == 0 and plan.text == P1 and plan.divergence is None
+    assert prompt_json(plan, b"1,2,3,4") == b"[1,2,3,4]"
+
+
+def test_a_continuation_keeps_every_id_and_tokenises_only_the_new_text() -> None:
+    parent = _two_turns()
+    new = "<e>\n<s>user\nagain<e>\n<s>model\n"
+    plan = continue_from(parent, P1 + G1 + S2 + G2 + new, FP, "<e>\n")
+    assert plan.divergence is None
+    assert plan.text == new
+    assert plan.kept_ids == 4 + 2 + 3 + 1
+    assert plan.base is parent
+    assert prompt_json(plan, b"8,9") == b"[1,2,3,4,10,11,5,6,7,12,8,9]"
+
+
+def test_the_prompt_is_the_parents_prompt_then_its_generation() -> None:
+    parent = _two_turns()
+    assert parent.prompt_ids() == [1, 2, 3, 4, 10, 11, 5, 6, 7]
+    assert parent.segments()[-1].ids.tolist() == [12]
+
+
+def test_a_rewritten_history_keeps_the_ids_before_it_and_says_why() -> None:
+    parent = _two_turns()
+    # the template renders the second user turn differently now (an edited instruction...)
+    rendered = P1 + G1 + "<e>\n<s>user\nMORE<e>\n<s>model\n" + G2 + "<e>\n<s>user\nx"
+    plan = continue_from(parent, rendered, FP)
+    assert plan.divergence == "history_changed"
+    assert plan.kept_ids == 6  # the first turn's prompt and generation
+    assert plan.text == rendered[len(P1 + G1) :]
+    assert plan.base is parent.parent
+
+
+def test_a_generation_rendered_otherwise_keeps_its_prompt_and_says_why() -> None:
+    parent = _two_turns()
+    # the template writes the model's turn otherwise (reasoning dropped, a call re-serialised)
+    rendered = P1 + G1 + S2 + "Sure!" + "<e>\n<s>user\nx"
+    plan = continue_from(parent, rendered, FP, "<e>\n")
+    assert plan.divergence == "generation_rerendered"
+    assert plan.kept_ids == 4 + 2 + 3
+    assert plan.text == rendered[len(P1 + G1 + S2) :]
+    assert plan.base is not None and plan.base.generated.ids.tolist() == []
+    assert plan.base.prompt.ids.tolist() == [5, 6, 7]
+    assert prompt_json(plan, b"99") == b"[1,2,3,4,10,11,5,6,7,99]"
+
+
+def test_a_generation_rendered_with_less_keeps_its_prompt() -> None:
+    parent = _two_turns()
+    rendered = P1 + G1 + S2 + "Su" + "<e>\n<s>user\nx"
+    plan = continue_from(parent, rendered, FP, "<e>\n")
+    assert plan.divergence == "generation_rerendered" and plan.kept_ids == 9
+
+
+def test_another_model_template_or_tool_set_starts_afresh() -> None:
+    rendered = P1 + G1 + S2
+    plan = continue_from(_two_turns(), rendered, "llamacpp|other|t|")
+    assert plan.divergence == "fingerprint"
+    assert plan.kept_ids == 0 and plan.text == rendered and plan.base is None
+
+
+def test_every_divergence_has_a_metric_label() -> None:
+    assert set(DIVERGENCES) == {"fingerprint", "history_changed", "generation_rerendered"}
+
+
+def test_an_end_of_generation_id_is_not_written_twice() -> None:
+    # the model ended on its end-of-turn id (7), which the template writes again after it
+    first = _turn(None, P1, [1, 2], G1, [10, 7], eos=True)
+    plan = continue_from(first, P1 + G1 + S2, FP)
+    assert plan.repeated == 7
+    assert new_ids(plan, [7, 8, 9]) == [8, 9]
+    assert new_ids(plan, [8, 9]) == [8, 9]
+    # a generation cut by the limit did not produce it: nothing is left out
+    cut = _turn(None, P1, [1, 2], G1, [10, 7])
+    assert new_ids(continue_from(cut, P1 + G1 + S2, FP), [7, 8]) == [7, 8]
+
+
+def test_a_chain_shares_its_parents_ids_instead_of_copying_them() -> None:
+    turn: TokenTurn | None = None
+    text = ""
+    for i in range(200):
+        prompt = f"<s>user\n{i}<e>\n"
+        turn = _turn(turn, prompt, [i, i], "ok", [1000 + i])
+        text += prompt + "ok"
+    assert turn is not None
+    # what a turn holds of its own does not grow with the chain
+    assert turn.nbytes == turn.parent.nbytes if turn.parent else False
+    plan = continue_from(turn, text + "<s>user\nnext", FP)
+    assert plan.divergence is None and plan.kept_ids == 600 and plan.text == "<s>user\nnext"
+
+
+def test_stored_records_round_trip_after_a_stored_parent() -> None:
+    parent = _two_turns()
+    child = _turn(parent, "<e>\nnew", [8], "gen", [13, 14])
+    # written after the parent's turn: only the child's own record
+    records = chain_records(child, parent)
+    assert len(records) == 1
+    back = turn_of(records[0], parent)
+    assert back == child
+    # a chain that starts afresh is written whole, and read back equal id for id
+    whole = chain_records(child, None)
+    assert len(whole) == 3
+    rebuilt = None
+    for rec in whole:
+        rebuilt = turn_of(rec, rebuilt)
+    assert rebuilt is not None and rebuilt.prompt_ids() == child.prompt_ids()
+    assert rebuilt.generated.ids.tolist() == [13, 14]
