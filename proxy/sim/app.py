@@ -15,7 +15,9 @@ with no terminal event) and `failed:CODE` (after 3 events, a `response.failed` t
 
 `context_window` (tokens, 0 = unlimited) makes it refuse, like a real server, a request
 whose input does not fit: 400 `context_length_exceeded`. `POST /tokenize` answers like
-llama.cpp's (`{"content": ...}` -> `{"tokens": [...]}`) with the same tokenizer.
+llama.cpp's (`{"content": ...}` -> `{"tokens": [...]}`) with the same tokenizer. The token
+endpoints of llama.cpp, vLLM and SGLang (`/completion`, `/inference/v1/generate`,
+`/generate` and their tokenize and info routes) are in sim/tokens.py and sim/token_apis.py.
 Writes: with `tokens_per_second` above 0 every event is its own write, paced as configured;
 at 0 the events are joined into writes of up to 64 KiB. For latency benchmarks,
 `metadata.sim_stamp: "true"` adds `sim_sent_ns` (CLOCK_MONOTONIC, ns) to every event, taken just
@@ -45,7 +47,7 @@ from ..core import wire
 from .chat import chat_completions
 from .events import response_events
 from .http import error, inject_fault, read_request
-from .model import count_tokens, input_items, plan, tokenize
+from .model import count_tokens, input_items, plan
 from .prefix_cache import PrefixCache
 from .settings import SimSettings
 
@@ -53,6 +55,9 @@ from .settings import SimSettings
 # it stays importable from here, where the tests and the fuzz harness take it.
 from .state import SIM_STATE as SIM_STATE
 from .state import SimState as SimState
+from .token_apis import add_vllm_sglang_routes
+from .tokens import add_llamacpp_routes
+from .vocab import VOCAB_SIZE
 
 _DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
 # With tokens_per_second = 0 the stream is written as fast as possible: events are joined into
@@ -198,19 +203,6 @@ def _error_event(ev: dict[str, Any]) -> bytes:
     return _sse(err)
 
 
-async def _tokenize(request: web.Request) -> web.Response:
-    state = request.app[SIM_STATE]
-    try:
-        doc = wire.loads(await request.read())
-    except wire.JSONDecodeError:
-        return error(400, "We could not parse the JSON body of your request.", "invalid_json")
-    content = doc.get("content") if isinstance(doc, dict) else None
-    if not isinstance(content, str):
-        return error(400, "Missing required parameter: 'content'.", "missing_required_parameter")
-    state.tokenize_calls += 1
-    return web.json_response({"tokens": tokenize(content)})
-
-
 async def _moderations(request: web.Request) -> web.Response:
     """An OpenAI-compatible `POST /v1/moderations`: each input string is flagged (category
     `harassment`) when it contains `moderation_flag_word`. Bodies are kept for tests."""
@@ -281,7 +273,15 @@ async def _models(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "object": "list",
-            "data": [{"id": "sim", "object": "model", "created": 0, "owned_by": "wsmode"}],
+            "data": [
+                {
+                    "id": "sim",
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "wsmode",
+                    "meta": {"n_vocab": VOCAB_SIZE},  # where llama.cpp reports it
+                }
+            ],
         }
     )
 
@@ -307,7 +307,8 @@ def create_sim_app(
         app.router.add_post("/v1/responses", _responses)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_get("/v1/models", _models)
-    app.router.add_post("/tokenize", _tokenize)
+    add_llamacpp_routes(app)  # and the shared /tokenize, /detokenize (sim/tokens.py)
+    add_vllm_sglang_routes(app)
     app.router.add_post("/v1/moderations", _moderations)
     app.router.add_post("/sim/faults", _faults)
     app.router.add_get("/sim/stats", _stats)

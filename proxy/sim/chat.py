@@ -33,7 +33,8 @@ from aiohttp import web
 from ..core import wire
 from ..core.ids import new_id
 from .http import error, inject_fault, read_request
-from .model import Plan, ToolCall, plan
+from .model import Plan, ToolCall, count_tokens, plan
+from .vocab import burn
 
 if TYPE_CHECKING:
     from .state import SimState
@@ -229,6 +230,8 @@ async def chat_completions(request: web.Request, state: SimState) -> web.StreamR
     directives = {kind: arg} if kind else {}
     after = int(arg) if arg.isdigit() else 3
     view = responses_view(body)
+    if cfg.tokenize_us_per_token > 0:  # a real server tokenises the whole rendered history
+        burn(cfg.tokenize_us_per_token, count_tokens(view))
     p = plan(
         view,
         seed=cfg.seed,

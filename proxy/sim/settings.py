@@ -22,11 +22,20 @@ class SimSettings:
     prefill_tokens_per_second: float = 0.0  # per process, one prefill at a time; 0: no delay
     prefix_cache_tokens: int = 0  # the LRU's capacity in tokens; 0: no cache
     prefix_cache_block_tokens: int = 16  # tokens per cached block (vLLM's default)
+    # ---- the token endpoints (sim/tokens.py): llama.cpp's, vLLM's and SGLang's
+    # CPU time burnt per token whenever the sim tokenises text (a tokenize endpoint, a
+    # string prompt, and the rendered history of a /v1/chat/completions request)
+    tokenize_us_per_token: float = 0.0
+    # SGLang's `--incremental-streaming-output`: streamed text and ids are deltas, not the
+    # whole output so far
+    sglang_incremental_output: bool = False
 
     def __post_init__(self) -> None:
         if self.prefill_tokens_per_second < 0 or self.prefix_cache_tokens < 0:
             raise ValueError(
                 "sim.prefill_tokens_per_second and sim.prefix_cache_tokens must not be negative"
             )
+        if self.tokenize_us_per_token < 0:
+            raise ValueError("sim.tokenize_us_per_token must not be negative")
         if self.prefix_cache_block_tokens < 1:
             raise ValueError("sim.prefix_cache_block_tokens must be at least 1")

@@ -39,6 +39,8 @@ class SimState:
     last_headers: dict[str, str] = field(default_factory=dict)  # of the latest request
     prefix_cache: PrefixCache | None = None  # built from the settings (__post_init__)
     prefill_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one prefill at a time
+    # the token endpoints' prompt cache (sim/tokens.py): per slot, the ids it last held
+    token_slots: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         cfg = self.settings
