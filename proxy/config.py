@@ -18,8 +18,8 @@ Unknown sections or keys are errors, never silently ignored.
 from __future__ import annotations
 
 import dataclasses
-import os
 import importlib.util
+import os
 import re
 import tomllib
 import types
@@ -31,9 +31,9 @@ from typing import Any
 
 from .core.context.settings import CompactionSettings, TokensSettings
 from .core.dialects.chat_settings import ChatOptions
-from .core.tokens.parsers import TOOL_FORMATS
 from .core.policy import SessionLimits
-from .core.urls import redact_url
+from .core.tokens.parsers import TOOL_FORMATS
+from .core.urls import REDACTED, redact_url
 from .sim.settings import SimSettings
 
 MiB = 1024 * 1024
@@ -93,8 +93,7 @@ class UpstreamSettings:
     api: str = "responses"
     api_key: str = field(default="", metadata=SECRET)  # set: replaces the client's credential
     context_window: int = 0  # tokens; 0 = unknown (no truncation, no overflow check)
-    # ---- the token path, api = "tokens" (docs/tokens.md): which engine, its template, its
-    # output's tool-call format
+    # ---- the token path, api = "tokens" (docs/tokens.md): engine, template, tool calls
     token_engine: str = "auto"  # or llamacpp, vllm, sglang; auto: from what the server says
     chat_template_file: str = ""  # the model's chat template; "": the server's (llama.cpp)
     tool_format: str = "auto"  # hermes or none; auto: from the template
@@ -389,19 +388,20 @@ def load_settings(
 
 
 def _validate(s: Settings) -> None:
-    if s.upstream.api not in API_CHOICES:
-        raise ConfigError(f"upstream.api must be one of {', '.join(API_CHOICES)}")
-    if s.upstream.native_previous_response_id and s.upstream.api != "responses":
+    u = s.upstream
+    for key, value, choices in (
+        ("api", u.api, API_CHOICES),
+        ("token_engine", u.token_engine, TOKEN_ENGINES),
+        ("tool_format", u.tool_format, TOOL_FORMATS),
+        ("affinity", u.affinity, AFFINITY_CHOICES),
+    ):
+        if value not in choices:
+            raise ConfigError(f"upstream.{key} must be one of {', '.join(choices)}")
+    if u.native_previous_response_id and u.api != "responses":
         raise ConfigError("upstream.native_previous_response_id needs upstream.api = responses")
-    _validate_pool(s.upstream)
-    if s.upstream.token_engine not in TOKEN_ENGINES:
-        raise ConfigError(f"upstream.token_engine must be one of {', '.join(TOKEN_ENGINES)}")
-    if s.upstream.tool_format not in TOOL_FORMATS:
-        raise ConfigError(f"upstream.tool_format must be one of {', '.join(TOOL_FORMATS)}")
-    if s.upstream.chat_template_file and not os.path.isfile(s.upstream.chat_template_file):
-        raise ConfigError(
-            f"upstream.chat_template_file {s.upstream.chat_template_file} is not a file"
-        )
+    _validate_pool(u)
+    if u.chat_template_file and not os.path.isfile(u.chat_template_file):
+        raise ConfigError(f"upstream.chat_template_file is not a file: {u.chat_template_file}")
     if s.server.tls_key_file and not s.server.tls_cert_file:
         raise ConfigError("server.tls_key_file needs server.tls_cert_file")
     if not 0 <= s.server.port <= 65535:
@@ -454,8 +454,6 @@ def _validate_pool(u: UpstreamSettings) -> None:
             "upstream.native_previous_response_id needs a single upstream: the upstream's "
             "own state lives on one replica, and a chain that moves would lose it"
         )
-    if u.affinity not in AFFINITY_CHOICES:
-        raise ConfigError(f"upstream.affinity must be one of {', '.join(AFFINITY_CHOICES)}")
     if 0 < u.load_bound < 1:
         raise ConfigError("upstream.load_bound must be 0 (off) or at least 1")
     if u.health_interval and u.health_timeout <= 0:
@@ -484,10 +482,6 @@ def _validate_store(st: StoreSettings) -> None:
         )
 
 
-def as_dict(settings: Settings) -> dict[str, Any]:
-    return dataclasses.asdict(settings)
-
-
 def redacted(settings: Settings) -> dict[str, dict[str, Any]]:
     """The settings as plain data, every secret replaced by a marker (never its value), and
     the password of every URL too (`redact_url`)."""
@@ -504,6 +498,3 @@ def redacted(settings: Settings) -> dict[str, dict[str, Any]]:
             table[f.name] = list(value) if isinstance(value, tuple) else value
         out[section.name] = table
     return out
-
-
-REDACTED = "<redacted>"

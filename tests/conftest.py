@@ -32,7 +32,7 @@ from tests.support.helpers import (
     serve,
     sidecar_settings,
 )
-from tests.support.llamacpp_server import serve_llamacpp
+from tests.support.llamacpp_server import build_tiny_vocab_model, serve_llamacpp
 from tests.support.redis_server import RedisServer, redis_server_process, start_replica
 
 TESTS = Path(__file__).resolve().parent
@@ -134,6 +134,17 @@ async def sidecar_factory() -> AsyncIterator[Callable[..., Awaitable[Sidecar]]]:
 def llamacpp() -> Iterator[str]:
     """The base URL (…/v1) of the real llama.cpp server, started once per session."""
     yield from serve_llamacpp()
+
+
+@pytest.fixture(scope="session")
+def llamacpp_tiny_vocab() -> Iterator[str]:
+    """The base URL (…/v1) of a second real llama.cpp server, started once per session, with
+    the random-weight model that carries Gemma 3's tokenizer and its own chat template
+    (tests/support/llamacpp_server.py): fast prefill, and its prompt cache is reused whole."""
+    model = build_tiny_vocab_model()
+    yield from serve_llamacpp(
+        "tiny-vocab", model=model, alias="tiny-vocab", ctx=32768, template_file=None
+    )
 
 
 @pytest.fixture(scope="session")

@@ -466,8 +466,7 @@ class RunDriver:
         run.move(RunState.DONE)
         del self._runs[run.id]
         self.admission.discharge(run.id)
-        # queued runs end only when every run does (the drain, the client gone): the lane
-        # is free either way
+        # queued runs end only when every run does (drain, client gone): the lane is free
         self._busy_lanes.discard(run.req.lane)
         if silent:
             return []

@@ -57,7 +57,7 @@ async def _get(client: UpstreamClient, url: str) -> dict[str, Any] | None:
 
 
 async def _engine(
-    client: UpstreamClient, root: str, choice: str, model: str | None
+    client: UpstreamClient, root: str, choice: str
 ) -> tuple[TokenEngine, dict[str, Any]]:
     """The engine at `root` and what it said about itself."""
     if choice in ("auto", "llamacpp"):
@@ -75,7 +75,7 @@ async def _engine(
     if choice in ("auto", "vllm"):
         version = await _get(client, root + "/version")
         if version is not None and "version" in version:
-            return VllmEngine(model), version
+            return VllmEngine(), version
         if choice == "vllm":
             raise NotReady(f"{redact_url(root)}/version is not vLLM's")
     raise NotReady(
@@ -84,26 +84,25 @@ async def _engine(
     )
 
 
-async def _vocab_size(client: UpstreamClient, base: str) -> int:
-    """llama.cpp reports its vocabulary in `GET /v1/models` (`meta.n_vocab`)."""
+async def _served_model(client: UpstreamClient, base: str) -> tuple[str | None, int]:
+    """The model `GET /v1/models` lists first, and its vocabulary size when the server says
+    (llama.cpp: `meta.n_vocab`; 0 otherwise)."""
     try:
         doc = await _get(client, base.rstrip("/") + "/models")
     except NotReady:
-        return 0
+        return None, 0
     data = doc.get("data") if doc else None
-    meta = (
-        data[0].get("meta")
-        if isinstance(data, list) and data and isinstance(data[0], dict)
-        else None
-    )
+    first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+    meta = first.get("meta")
     n = meta.get("n_vocab") if isinstance(meta, dict) else None
-    return n if wire.is_int(n) else 0
+    name = first.get("id")
+    return (name if isinstance(name, str) else None), (n if wire.is_int(n) else 0)
 
 
 async def setup(client: UpstreamClient, settings: UpstreamSettings, base: str) -> TokenSetup:
     """The token path's setup from the server at `base`. Raises NotReady."""
     root = server_root(base)
-    engine, said = await _engine(client, root, settings.token_engine, None)
+    engine, said = await _engine(client, root, settings.token_engine)
     source, where = "", ""
     if settings.chat_template_file:
         where = settings.chat_template_file
@@ -127,15 +126,15 @@ async def setup(client: UpstreamClient, settings: UpstreamSettings, base: str) -
         raise NotReady(str(exc)) from None
     gen = said.get("default_generation_settings")
     n_ctx = gen.get("n_ctx") if isinstance(gen, dict) else None
-    model = said.get("model_alias") or said.get("model_path")
+    model, vocab = await _served_model(client, base)
     tool_format = settings.tool_format
     return TokenSetup(
         engine=engine,
         template=template,
         parser=lambda: parser_for(tool_format, source),
-        vocab_size=await _vocab_size(client, base) if engine.name == "llamacpp" else 0,
+        vocab_size=vocab,
         context_window=n_ctx if wire.is_int(n_ctx) else 0,
-        model=model if isinstance(model, str) else None,
+        model=model,
         turn_end=template.turn_end(),
     )
 

@@ -319,8 +319,7 @@ def _sampling(settings: Mapping[str, Any], extra: Mapping[str, Any], setup: Toke
     slot = extra.get("id_slot")
     chain = extra.get("prompt_cache_key")
     return Sampling(
-        model=setup.model
-        or (settings.get("model") if isinstance(settings.get("model"), str) else None),
+        model=setup.model,  # the served name: a client's may be any
         max_tokens=limit if wire.is_int(limit) else None,
         temperature=number("temperature"),
         top_p=number("top_p"),

@@ -150,8 +150,8 @@ class SglangEngine:
     def __init__(self, *, incremental: bool = False) -> None:
         self.incremental = incremental
 
-    def tokenize_body(self, text: str) -> bytes:
-        return wire.dumps({"prompt": text, "add_special_tokens": False})
+    def tokenize_body(self, text: str, *, add_special: bool = False) -> bytes:
+        return wire.dumps({"prompt": text, "add_special_tokens": add_special})
 
     def tokenize_ids(self, body: bytes) -> list[int]:
         doc = json_object(body, "a tokenize answer")

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
-from collections.abc import Mapping, Sequence
+from datetime import datetime
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from jinja2 import TemplateError
@@ -64,14 +64,18 @@ def _raise(message: str) -> NoReturn:
     raise _Raised(message)
 
 
-def _strftime_now(fmt: str) -> str:
-    return time.strftime(fmt)
-
-
 class ChatTemplate:
     """One chat template, compiled once; `render` is called once per turn."""
 
-    def __init__(self, source: str, *, name: str, bos_token: str = "", eos_token: str = "") -> None:
+    def __init__(
+        self,
+        source: str,
+        *,
+        name: str,
+        bos_token: str = "",
+        eos_token: str = "",
+        clock: Callable[[], float] = lambda: 0.0,
+    ) -> None:
         self.source = source
         self.name = name  # where it came from, for error messages and logs
         self.bos_token = bos_token
@@ -81,7 +85,7 @@ class ChatTemplate:
         )
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise
-        env.globals["strftime_now"] = _strftime_now
+        env.globals["strftime_now"] = lambda fmt: datetime.fromtimestamp(clock()).strftime(fmt)
         try:
             self._template = env.from_string(source)
         except TemplateError as exc:

@@ -140,8 +140,8 @@ class VllmEngine:
     generate_path = "/inference/v1/generate"
     tokenize_path = "/tokenize"
 
-    def tokenize_body(self, text: str) -> bytes:
-        return wire.dumps({"prompt": text, "add_special_tokens": False})
+    def tokenize_body(self, text: str, *, add_special: bool = False) -> bytes:
+        return wire.dumps({"prompt": text, "add_special_tokens": add_special})
 
     def tokenize_ids(self, body: bytes) -> list[int]:
         doc = json_object(body, "a tokenize answer")

@@ -1,0 +1,172 @@
+"""A recording relay: a small HTTP server on a free loopback port that forwards every request
+to a real model server and streams its answers back unchanged, keeping a record of what the
+token path sent and got (tests/system/test_llamacpp_tokens.py).
+
+Point wsmode at `{relay.base}/v1`: its requests (the start-up probe's `/props`, `/tokenize`,
+`/completion`, health checks) go through the relay to the target server's root. For
+`POST /completion` the relay keeps the request JSON (its `prompt` is the id array) and, from
+the streamed answer, each event's `tokens` and `content` and the final event's `timings`; for
+`POST /tokenize` it keeps the request JSON. Everything else is forwarded without a record.
+
+The relay changes nothing: method, path, query and body go out as they came (headers minus
+the hop-by-hop ones, RFC 9110 7.6.1, and the Host and Content-Length the client library
+sets itself), and the answer's status, headers (minus hop-by-hop) and bytes come back as the
+server sent them, chunk by chunk, so streaming stays streaming.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from wsmode.core.sse import SSEDecoder
+
+from tests.support.helpers import Served, serve
+
+# hop-by-hop headers (RFC 9110 7.6.1) and those the client library writes for its own body
+_NOT_FORWARDED = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+# of the answer's headers: hop-by-hop ones; Content-Length stays (the bytes are the same)
+_NOT_RETURNED = _NOT_FORWARDED - {"content-length"}
+
+
+@dataclass
+class Completion:
+    """One `POST /completion` as it went through the relay."""
+
+    request: dict[str, Any]
+    tokens: list[int] = field(default_factory=list)  # every streamed event's `tokens`, joined
+    content: str = ""  # every streamed event's `content`, joined: the generated text
+    timings: dict[str, Any] | None = None  # the final event's (`stop: true`)
+    status: int = 0
+
+    @property
+    def prompt(self) -> list[int]:
+        """The prompt's ids as sent (the token path sends an id array)."""
+        prompt = self.request.get("prompt")
+        assert isinstance(prompt, list) and all(isinstance(x, int) for x in prompt), prompt
+        return prompt
+
+
+@dataclass
+class Recording:
+    completions: list[Completion] = field(default_factory=list)
+    tokenize: list[dict[str, Any]] = field(default_factory=list)  # request JSON bodies
+    paths: list[str] = field(default_factory=list)  # every request's "METHOD /path"
+
+
+class RecordingRelay:
+    """Forwards to `target` (a server root, `http://host:port`), recording as it goes."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target.rstrip("/")
+        self.recording = Recording()
+        self._served: Served | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def base(self) -> str:
+        assert self._served is not None, "not started"
+        return self._served.base
+
+    async def start(self) -> None:
+        # no decompression: the bytes go back as the server sent them
+        self._session = aiohttp.ClientSession(auto_decompress=False)
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self._served = await serve(app)
+
+    async def close(self) -> None:
+        if self._served is not None:
+            await self._served.runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        assert self._session is not None
+        body = await request.read()
+        path = request.rel_url.path
+        self.recording.paths.append(f"{request.method} {path}")
+        record: Completion | None = None
+        if request.method == "POST" and path == "/tokenize":
+            self.recording.tokenize.append(orjson.loads(body))
+        elif request.method == "POST" and path == "/completion":
+            record = Completion(orjson.loads(body))
+            self.recording.completions.append(record)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
+        url = self.target + str(request.rel_url)  # path and query, as they came
+        async with self._session.request(
+            request.method, url, data=body, headers=headers, allow_redirects=False
+        ) as upstream:
+            out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for key, value in upstream.headers.items():
+                if key.lower() not in _NOT_RETURNED:
+                    out.headers.add(key, value)
+            await out.prepare(request)
+            stream = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+            decoder = SSEDecoder(1 << 26)
+            whole = bytearray()  # a /completion answer that is not a stream: one JSON body
+            async for chunk in upstream.content.iter_any():
+                await out.write(chunk)
+                if record is None:
+                    continue
+                if stream:
+                    for event in decoder.feed(chunk):
+                        _record_event(record, event.data)
+                else:
+                    whole += chunk
+            if record is not None:
+                record.status = upstream.status
+                for event in decoder.close() if stream else ():
+                    _record_event(record, event.data)
+                if not stream:
+                    _record_event(record, bytes(whole))
+            await out.write_eof()
+            return out
+
+
+def _record_event(record: Completion, data: bytes) -> None:
+    """One streamed event (or a whole non-streamed answer) of a `/completion`."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return  # not an event with ids (a `[DONE]`, an error page): nothing to record
+    if not isinstance(doc, dict):
+        return
+    tokens = doc.get("tokens")
+    if isinstance(tokens, list):
+        record.tokens.extend(tokens)
+    content = doc.get("content")
+    if isinstance(content, str):
+        record.content += content
+    if doc.get("stop") is True and isinstance(doc.get("timings"), dict):
+        record.timings = doc["timings"]
+
+
+@contextlib.asynccontextmanager
+async def recording_relay(target: str) -> AsyncIterator[RecordingRelay]:
+    """A started relay to `target` (a server root), closed on the way out."""
+    relay = RecordingRelay(target)
+    await relay.start()
+    try:
+        yield relay
+    finally:
+        await relay.close()
