@@ -250,6 +250,8 @@ async def _stats(request: web.Request) -> web.Response:
             "active": s.active,
             "requests": len(s.requests),
             "tokenize_calls": s.tokenize_calls,
+            "tokenized_tokens": s.tokenized_tokens,
+            "tokenize_ms": round(s.tokenize_ns / 1e6, 3),
             **_cache_stats(s.prefix_cache),
         }
     )

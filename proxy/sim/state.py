@@ -35,6 +35,10 @@ class SimState:
     peak_active: int = 0  # the most streams open at once
     bytes_received: int = 0
     tokenize_calls: int = 0
+    # the sim's tokenising (sim/tokens.py `encode`, the chat path's whole history): tokens
+    # and wall nanoseconds, the model server's own preprocessing, for `GET /sim/stats`
+    tokenized_tokens: int = 0
+    tokenize_ns: int = 0
     moderations: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=10_000))
     last_headers: dict[str, str] = field(default_factory=dict)  # of the latest request
     prefix_cache: PrefixCache | None = None  # built from the settings (__post_init__)
@@ -70,6 +74,11 @@ class SimState:
         cache = self.prefix_cache
         if cache is not None and prefilled.prompt is not None and isinstance(output, list):
             cache.insert(prefilled.prompt + prompt_bytes(None, output))
+
+    def tokenized(self, tokens: int, ns: int) -> None:
+        """Count one tokenisation: `tokens` tokens in `ns` nanoseconds."""
+        self.tokenized_tokens += tokens
+        self.tokenize_ns += ns
 
     @contextmanager
     def streaming(self) -> Iterator[None]:

@@ -9,7 +9,8 @@ with its id (and its text in "text" mode), the finish on the last one (a chunk w
 when nothing was generated), a usage chunk with no choices when asked for, then
 `data: [DONE]`. The cached tokens are reported (`prompt_tokens_details.cached_tokens`, as
 with `--enable-prompt-tokens-details`) in whole blocks of `prefix_cache_block_tokens`, the
-way vLLM's block cache finds them.
+way vLLM's block cache finds them. `GET /version` answers `{"version": ...}` as vLLM's
+server does (wsmode's start-up probe asks it).
 
 SGLang, `POST /generate`: `input_ids` (or `text`, tokenised with `<bos>` first),
 `sampling_params` (`max_new_tokens`, default 128, `stop`), `return_logprob`, `stream`;
@@ -131,6 +132,11 @@ async def _vllm_generate(request: web.Request) -> web.StreamResponse:
         return resp
 
 
+async def _vllm_version(request: web.Request) -> web.Response:
+    """vLLM's `GET /version` (vllm/entrypoints/openai/api_server.py): the package version."""
+    return web.json_response({"version": "0.0.0+wsmode-sim"})
+
+
 # ------------------------------------------------------------------------------ SGLang
 
 
@@ -241,6 +247,7 @@ async def _server_info(request: web.Request) -> web.Response:
 
 def add_vllm_sglang_routes(app: web.Application) -> None:
     app.router.add_post("/inference/v1/generate", _vllm_generate)
+    app.router.add_get("/version", _vllm_version)
     app.router.add_post("/generate", _sglang_generate)
     app.router.add_get("/get_model_info", _model_info)
     app.router.add_get("/get_server_info", _server_info)

@@ -73,9 +73,11 @@ def render(messages: list[Any], tools: list[Any] | None, *, add_generation_promp
 
 
 def encode(state: SimState, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-    """The vocabulary's ids, paying the configured tokenising cost."""
+    """The vocabulary's ids, paying the configured tokenising cost (counted in the state)."""
+    t0 = time.perf_counter_ns()
     ids = vocab.encode(text, add_special=add_special, parse_special=parse_special)
     vocab.burn(state.settings.tokenize_us_per_token, len(ids))
+    state.tokenized(len(ids), time.perf_counter_ns() - t0)
     return ids
 
 

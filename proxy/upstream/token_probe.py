@@ -69,7 +69,10 @@ async def _engine(
     if choice in ("auto", "sglang"):
         info = await _get(client, root + "/get_model_info")
         if info is not None and "model_path" in info:
-            return SglangEngine(), info
+            # its server arguments say whether /generate streams deltas or all so far
+            args = await _get(client, root + "/get_server_info") or {}
+            incremental = args.get("incremental_streaming_output") is True
+            return SglangEngine(incremental=incremental), {**args, **info}
         if choice == "sglang":
             raise NotReady(f"{redact_url(root)}/get_model_info is not SGLang's")
     if choice in ("auto", "vllm"):

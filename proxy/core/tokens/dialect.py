@@ -112,6 +112,8 @@ class TokenStream(BuiltStream):
         self._names = names
         self._model = model
         self._calls = 0
+        # a tool call that did not parse: the response ends incomplete, with this reason
+        # ("" when none of the API's reasons fits: `incomplete_details` is then null)
         self._broken: str | None = None
         self.text: list[str] = []  # the generated text, as streamed
         self.ids = array("i")  # the generated ids, as reported
@@ -176,7 +178,7 @@ class TokenStream(BuiltStream):
             u = gen.usage
             usage = usage_of(u.prompt_tokens, u.completion_tokens, cached=u.cached_tokens)
         if self._broken is not None:
-            return out + self._end("incomplete", usage, None, self._broken)
+            return out + self._end("incomplete", usage, None, self._broken or None)
         if gen.finish == "length":
             return out + self._end("incomplete", usage, None, "max_output_tokens")
         return out + self._end("completed", usage, None, None)
@@ -207,12 +209,11 @@ class TokenStream(BuiltStream):
                 out += b.call_args(key, p.arguments)
             elif isinstance(p, BrokenCall):
                 # never a completed call with broken arguments: the text as the model wrote
-                # it, and the response ends incomplete
+                # it, and the response ends incomplete (cut by the limit: that reason; else
+                # no reason of the API's fits, so none is given)
                 out += b.text(p.raw)
                 if self._broken is None:
-                    self._broken = (
-                        "max_output_tokens" if p.reason == "unterminated" else "invalid_tool_call"
-                    )
+                    self._broken = "max_output_tokens" if p.reason == "unterminated" else ""
         return out
 
 

@@ -1,0 +1,182 @@
+"""The token dialect's stream (proxy/core/tokens/dialect.py): llama.cpp's `/completion`
+events in, the canonical Responses sequence out, the generated ids kept exactly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from wsmode.core.sse import SSEEvent
+from wsmode.core.tokens.chain import fresh
+from wsmode.core.tokens.dialect import TokenPrompt, TokenStream
+from wsmode.core.tokens.engine import LlamaCppEngine, Sampling
+from wsmode.core.tokens.parsers import HermesParser
+
+from tests.support.event_checks import check_sequence
+
+REQUEST = {"model": "m", "input": "hi", "store": False}
+
+
+def _stream() -> TokenStream:
+    counter = iter(range(1000))
+    stream = TokenStream(
+        REQUEST,
+        {"previous_response_id": None, "store": False},
+        engine=LlamaCppEngine(),
+        parser=HermesParser(),
+        names={},
+        model="gemma",
+        clock=lambda: 1000.0,
+        new_id=lambda prefix: f"{prefix}_{next(counter)}",
+    )
+    stream.prompt = TokenPrompt(LlamaCppEngine(), fresh("<prompt>"), Sampling())
+    stream.fingerprint = "fp"
+    return stream
+
+
+def _token(text: str, ids: list[int], **extra: Any) -> SSEEvent:
+    doc = {"index": 0, "content": text, "tokens": ids, "stop": False, **extra}
+    return SSEEvent(None, orjson.dumps(doc))
+
+
+def _final(stop_type: str, cache_n: int = 0, prompt_n: int = 5, predicted: int = 3) -> SSEEvent:
+    doc = {
+        "index": 0,
+        "content": "",
+        "tokens": [],
+        "stop": True,
+        "stop_type": stop_type,
+        "tokens_predicted": predicted,
+        "timings": {"cache_n": cache_n, "prompt_n": prompt_n},
+    }
+    return SSEEvent(None, orjson.dumps(doc))
+
+
+def _run(stream: TokenStream, events: list[SSEEvent]) -> list[dict[str, Any]]:
+    out: list[bytes] = []
+    for ev in events:
+        out += stream.feed(ev)
+    out += stream.eof()
+    return [orjson.loads(b) for b in out]
+
+
+def test_text_streams_as_a_message_and_the_ids_are_kept() -> None:
+    s = _stream()
+    events = _run(s, [_token("Hel", [10]), _token("lo", [11]), _final("eos", 7, 4, 2)])
+    summary = check_sequence(events)
+    final = summary.terminal
+    assert final["status"] == "completed"
+    assert final["output"][0]["content"][0]["text"] == "Hello"
+    assert final["usage"]["input_tokens"] == 11
+    assert final["usage"]["input_tokens_details"]["cached_tokens"] == 7
+    assert final["usage"]["output_tokens"] == 2
+    assert final["model"] == "gemma"
+    s.prompt_ids = [1, 2, 3]
+    turn = s.turn()
+    assert turn is not None and turn.eos
+    assert turn.generated.text == "Hello" and turn.generated.ids.tolist() == [10, 11]
+    assert turn.prompt.ids.tolist() == [1, 2, 3] and turn.prompt_length == 3
+
+
+def test_a_hermes_tool_call_becomes_a_function_call_item() -> None:
+    s = _stream()
+    pieces = [
+        "<tool",
+        "_call>\n",
+        '{"name": "get_weather", ',
+        '"arguments": {"city": "Paris"}}',
+        "\n</tool_call>",
+    ]
+    events = _run(s, [_token(p, [i]) for i, p in enumerate(pieces)] + [_final("eos")])
+    final = check_sequence(events).terminal
+    calls = [i for i in final["output"] if i["type"] == "function_call"]
+    assert len(calls) == 1 and calls[0]["name"] == "get_weather"
+    assert orjson.loads(calls[0]["arguments"]) == {"city": "Paris"}
+    assert final["status"] == "completed"
+    assert [e["type"] for e in events].count("response.function_call_arguments.done") == 1
+
+
+def test_broken_tool_call_json_ends_incomplete_never_a_completed_call() -> None:
+    s = _stream()
+    events = _run(
+        s,
+        [
+            _token('<tool_call>{"name": "x", "arguments": {', [1]),
+            _token("</tool_call>", [2]),
+            _final("eos"),
+        ],
+    )
+    final = check_sequence(events).terminal
+    assert final["status"] == "incomplete"
+    # no reason of the API's vocabulary fits a broken call: none is given
+    assert final["incomplete_details"] is None
+    assert '"arguments": {' in final["output"][0]["content"][0]["text"]
+    assert not [i for i in final["output"] if i["type"] == "function_call"]
+
+
+def test_a_call_cut_by_the_token_limit_ends_incomplete_for_the_limit() -> None:
+    s = _stream()
+    events = _run(s, [_token('<tool_call>{"name": "x"', [1]), _final("limit")])
+    final = check_sequence(events).terminal
+    assert final["status"] == "incomplete"
+    assert final["incomplete_details"] == {"reason": "max_output_tokens"}
+    s.prompt_ids = []
+    turn = s.turn()
+    assert turn is not None and not turn.eos
+
+
+def test_reasoning_becomes_a_reasoning_item() -> None:
+    s = _stream()
+    events = _run(s, [_token("<think>plan</think>", [1]), _token("Done.", [2]), _final("eos")])
+    final = check_sequence(events).terminal
+    assert [i["type"] for i in final["output"]] == ["reasoning", "message"]
+
+
+def test_an_answer_without_token_ids_is_a_protocol_error() -> None:
+    s = _stream()
+    doc = {"index": 0, "content": "x", "stop": False}
+    try:
+        s.feed(SSEEvent(None, orjson.dumps(doc)))
+    except Exception as exc:
+        from wsmode.core.errors import UpstreamError
+
+        assert isinstance(exc, UpstreamError)
+        assert exc.status == 502 and exc.code == "upstream_protocol_error"
+        assert "tokens" in exc.message
+    else:
+        raise AssertionError("an event without ids was accepted")
+
+
+def test_a_body_that_ends_before_its_final_event_fails() -> None:
+    s = _stream()
+    s.feed(_token("a", [1]))
+    from wsmode.core.errors import UpstreamError
+
+    try:
+        s.eof()
+    except UpstreamError as exc:
+        assert exc.started
+    else:
+        raise AssertionError("a cut stream was accepted")
+
+
+def test_the_prompt_body_carries_the_kept_ids_then_the_new_ones() -> None:
+    from wsmode.core.tokens.chain import Segment, TokenTurn, continue_from
+
+    parent = TokenTurn(None, "fp", Segment.of("<p>", [1, 2]), Segment.of("ok", [3]))
+    plan = continue_from(parent, "<p>ok<e>more", "fp")
+    prompt = TokenPrompt(LlamaCppEngine(), plan, Sampling(max_tokens=5, slot=2))
+    tokenize = prompt.tokenize_body()
+    assert tokenize is not None
+    assert orjson.loads(tokenize) == {
+        "content": "<e>more",
+        "add_special": False,
+        "parse_special": True,
+    }
+    body = orjson.loads(prompt.body(prompt.new_ids(orjson.dumps({"tokens": [4, 5]}))))
+    assert body["prompt"] == [1, 2, 3, 4, 5]
+    assert body["n_predict"] == 5 and body["id_slot"] == 2 and body["stream"] is True
+    assert body["return_tokens"] is True and body["cache_prompt"] is True
+    # a new conversation is tokenised with the model's BOS, as the chat endpoint does
+    first = TokenPrompt(LlamaCppEngine(), fresh("<p>"), Sampling()).tokenize_body()
+    assert first is not None and orjson.loads(first)["add_special"] is True
