@@ -317,6 +317,13 @@ function cached(t) {
   return `${num(t.cached_tokens)} / ${num(t.input_tokens)} (${share(t.cached_tokens, t.input_tokens)})`;
 }
 
+// the token path (docs/tokens.md): prompt ids taken from the token cache, of those sent
+function reusedIds(t) {
+  if (t.ids_sent === undefined || t.ids_sent === null) return "—";
+  const text = `${num(t.ids_reused)} / ${num(t.ids_sent)} (${share(t.ids_reused, t.ids_sent)})`;
+  return t.divergence ? `${text}, ${t.divergence}` : text;
+}
+
 function turnRow(t, index) {
   const first = t.first_event;
   const saved = t.upstream_bytes - t.client_bytes;
@@ -334,6 +341,7 @@ function turnRow(t, index) {
     el("td", t.outcome + (t.refused ? ` (${t.refused})` : ""), `outcome outcome-${t.outcome}`),
     el("td", t.replica || "—", "replica"),
     el("td", cached(t), "num cached"),
+    el("td", reusedIds(t), "num reused-ids"),
   ];
   if (view.showContent) {
     cells.push(el("td", t.input_text || "", "text input-text"));
@@ -346,7 +354,7 @@ function turnRow(t, index) {
 
 const TURN_HEADS = ["turn", "response", "lane", "new items in", "output items", "client bytes",
   "upstream bytes", "saved", "first event: proxy", "first event: upstream", "outcome",
-  "replica", "cached prompt"];
+  "replica", "cached prompt", "prompt ids reused"];
 
 function renderConversation(conv) {
   const box = el("div", null, "conversation");
