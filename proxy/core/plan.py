@@ -104,8 +104,8 @@ class Planner:
         if isinstance(dialect, TokenDialect) and run.tokens is not None:
             # a compaction starts a new token chain; anything else continues the parent's
             compacted = run.context is not None and run.context.compaction is not None
-            history = None if compacted or run.parent is None else run.parent.tokens
-            prompt, run.tokens.fingerprint = dialect.prompt(settings, items, history, extra)
+            origin = None if compacted else run.parent
+            prompt, run.tokens.fingerprint = dialect.prompt(settings, items, origin, extra)
             run.tokens.prompt = prompt
             path = ROOT + prompt.engine.generate_path
             start = StartUpstream(run.id, [], path, run.moderation, route, tokens=prompt)

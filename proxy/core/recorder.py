@@ -26,6 +26,7 @@ from .context.trigger import CompactionStream
 from .conversation import EMPTY, NO_CALLS, ResponseCache, Segment, holds_compaction, index_calls
 from .runs import Run
 from .store import StoredResponse
+from .tokens.chain import NO_IDS_YET, TokenTurn
 
 # set in a cached response's settings when the upstream never saw it (the proxy wrote it):
 # it cannot be continued with the upstream's own previous_response_id
@@ -80,9 +81,7 @@ class Recorder:
             replica=run.replica,
             chain=run.chain,
             # a warmup adds input only: the next turn tokenises it after the parent's ids
-            tokens=run.tokens.turn()
-            if run.tokens is not None
-            else (None if run.req.generate else parent.tokens),
+            tokens=run.tokens.turn() if run.tokens is not None else self._warmup_tokens(run),
         )
         self.cache.put(entry)
         for queued in queue:  # a create that waited for this response: pin it too
@@ -102,6 +101,16 @@ class Recorder:
                 token_base=run.parent.tokens,
             )
         return SaveStored(run.id, stored, self.owner)
+
+    def _warmup_tokens(self, run: Run) -> TokenTurn | None:
+        """A run that did not go to the model (a warmup) keeps its parent's ids; at a
+        conversation's start, the mark that there are none yet (not that they were lost)."""
+        if run.req.generate:
+            return None
+        parent = run.parent
+        if parent is None:
+            return NO_IDS_YET
+        return parent.tokens
 
     def forget(self, rid: str) -> None:
         """A response cached by `remember` whose write the store refused (its id is stored

@@ -136,7 +136,7 @@ async def response_tokens(request: web.Request) -> web.StreamResponse:
     if stored is None:
         return _not_found(rid)
     turn = stored.entry.tokens
-    if turn is None:
+    if turn is None or not turn.fingerprint:  # none, or a warmup's mark that none exist yet
         return error_response(
             ClientError(
                 f"Response '{rid}' has no token ids: it was not made on the token path "

@@ -177,7 +177,8 @@ class Metrics:
         self.token_divergences = Counter(
             "wsmode_token_divergences",
             "Token-path continuations that could not reuse every id of their parent, by "
-            "reason: fingerprint, history_changed, generation_rerendered.",
+            "reason (docs/tokens.md): fingerprint, history_changed, generation_rerendered, "
+            "parent_without_ids.",
             ["reason"],
             registry=r,
         )

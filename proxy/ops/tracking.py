@@ -67,6 +67,11 @@ class RunTrace:
     def sent(self) -> None:
         self.upstream_start = self.clock()
 
+    def built(self, nbytes: int) -> None:
+        """The runner built a body the session did not (the token path's, with its ids)."""
+        self.upstream_bytes += nbytes
+        self.metrics.upstream_bytes_sent.inc(nbytes)
+
     def chunk(self, nbytes: int) -> None:
         now = self.clock()
         if self.upstream_first is None:

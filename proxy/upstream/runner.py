@@ -57,6 +57,7 @@ class Trace(Protocol):
     `RunTrace` is one): a protocol, so that `upstream/` and `ops/` do not import each other."""
 
     def sent(self) -> None: ...
+    def built(self, nbytes: int) -> None: ...
     def chunk(self, nbytes: int) -> None: ...
 
 
@@ -155,6 +156,8 @@ class UpstreamCall:
                 return
             yield PromptTokenized(run_id, ids)
             body = start.tokens.body(ids)
+            if trace is not None:
+                trace.built(len(body))
         on_sent = trace.sent if trace is not None else None
         try:
             replica, chunks = await self._stack.enter_async_context(

@@ -606,7 +606,9 @@ async def test_a_server_that_is_no_token_engine_is_not_ready(
             hit = any("token path" in r and address in r for r in reasons)
             return doc if status == 503 and hit else None
 
-        doc = await until(probed, 30, every=0.1, message="/readyz never gave the probe's reason")
+        doc: dict[str, Any] = await until(
+            probed, 30, every=0.1, message="/readyz never gave the probe's reason"
+        )
         assert doc["status"] == "not ready"
         assert "/props" in asked  # llama.cpp's, at the server's root (not under /v1)
         async with connect(px.ws) as ws:

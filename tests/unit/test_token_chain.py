@@ -102,7 +102,12 @@ def test_another_model_template_or_tool_set_starts_afresh() -> None:
 
 
 def test_every_divergence_has_a_metric_label() -> None:
-    assert set(DIVERGENCES) == {"fingerprint", "history_changed", "generation_rerendered"}
+    assert set(DIVERGENCES) == {
+        "fingerprint",
+        "history_changed",
+        "generation_rerendered",
+        "parent_without_ids",
+    }
 
 
 def test_an_end_of_generation_id_is_not_written_twice() -> None:

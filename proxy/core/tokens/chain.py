@@ -17,9 +17,10 @@ A segment that does not match is a divergence, counted by reason (`DIVERGENCES`)
 silent: the template rewrote the history (`history_changed`: an edited instruction, a
 template that drops earlier reasoning), or rendered a generation other than the model wrote it
 (`generation_rerendered`: a tool call re-serialised, reasoning dropped, text after a tool call
-cut). The ids before that segment are kept and the rest is tokenised again. Segments begin
-where a tokenisation was cut before (the start of a prompt, the start of a generation), so a
-cut there is one the server has already seen. A different model, template, tool set or
+cut), or the parent has no ids at all (`parent_without_ids`: made on another path). The ids
+before that segment are kept and the rest is tokenised again. Segments begin where a
+tokenisation was cut before (the start of a prompt, the start of a generation), so a cut
+there is one the server has already seen. A different model, template, tool set or
 engine (`fingerprint`) starts afresh.
 """
 
@@ -31,7 +32,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 # why a continuation could not keep every id of its parent (the metric's `reason` label)
-DIVERGENCES: Final = ("fingerprint", "history_changed", "generation_rerendered")
+DIVERGENCES: Final = (
+    "fingerprint",
+    "history_changed",
+    "generation_rerendered",
+    "parent_without_ids",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +99,11 @@ class TokenTurn:
         return self.prompt.nbytes + self.generated.nbytes + logprobs + 96
 
 
+# the token turn of a conversation that so far has input only (`generate: false` warmups
+# from its start): nothing to reuse, nothing diverged; its empty fingerprint fits any
+NO_IDS_YET: Final = TokenTurn(None, "", EMPTY_SEGMENT, EMPTY_SEGMENT)
+
+
 @dataclass(frozen=True, slots=True)
 class TokenUse:
     """What one turn's prompt took from the cache (`Finished.tokens`)."""
@@ -128,6 +139,8 @@ def continue_from(
     break, say): the last generation must be followed by it, else the history shows more or
     other than the model wrote (its text matched only as a prefix)."""
     if parent is None:
+        return fresh(rendered)
+    if not parent.fingerprint:  # NO_IDS_YET (or it read back from the store)
         return fresh(rendered)
     if parent.fingerprint != fingerprint:
         return fresh(rendered, "fingerprint")
@@ -237,6 +250,7 @@ def new_ids(c: Continuation, ids: list[int]) -> list[int]:
 __all__ = [
     "DIVERGENCES",
     "EMPTY_SEGMENT",
+    "NO_IDS_YET",
     "Continuation",
     "Segment",
     "TokenTurn",

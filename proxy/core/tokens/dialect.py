@@ -23,6 +23,7 @@ from typing import Any
 
 from .. import wire
 from ..api_objects import usage_of
+from ..conversation import CachedResponse
 from ..dialects.builder import BuiltStream
 from ..dialects.chat import ChatDialect, ChatStream, namespace_names
 from ..dialects.chat_request import messages as chat_messages
@@ -37,6 +38,7 @@ from .chain import (
     TokenTurn,
     TokenUse,
     continue_from,
+    fresh,
     new_ids,
     prompt_json,
 )
@@ -141,8 +143,10 @@ class TokenStream(BuiltStream):
         return TokenUse(plan.kept_ids, len(self.prompt_ids), plan.divergence)
 
     def turn(self) -> TokenTurn | None:
-        """The response's tokens, once it ended and its prompt is known."""
-        if self.prompt is None or self.prompt_ids is None or self.outcome is None:
+        """The response's tokens, once its prompt is known: what was generated so far, for a
+        response cut short too (a steer's boundary), since those ids are what the server
+        holds."""
+        if self.prompt is None or self.prompt_ids is None:
             return None
         plan = self.prompt.plan
         base = plan.base
@@ -274,11 +278,11 @@ class TokenDialect:
         self,
         settings: Mapping[str, Any],
         items: list[bytes],
-        parent: TokenTurn | None,
+        parent: CachedResponse | None,
         extra: Mapping[str, Any],
     ) -> tuple[TokenPrompt, str]:
-        """The turn's prompt and its fingerprint. Raises ClientError (the template failed,
-        a setting the engine cannot take)."""
+        """The turn's prompt, continuing `parent`'s ids (None: a new token chain), and its
+        fingerprint. Raises ClientError (the template failed, the path is not ready)."""
         setup = self._setup()
         opts = self.chat.options
         head, _ = chat_settings(settings, opts)
@@ -295,7 +299,11 @@ class TokenDialect:
         tools = head.get("tools")
         text = setup.template.render(object_arguments(msgs), tools)
         print_ = fingerprint(setup, settings)
-        plan = continue_from(parent, text, print_, setup.turn_end)
+        if parent is not None and parent.tokens is None:  # made on another path
+            plan = fresh(text, "parent_without_ids")
+        else:
+            turn = parent.tokens if parent is not None else None
+            plan = continue_from(turn, text, print_, setup.turn_end)
         return TokenPrompt(setup.engine, plan, _sampling(settings, extra, setup)), print_
 
     def _setup(self) -> TokenSetup:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, NoReturn
 
 from jinja2 import TemplateError
