@@ -116,24 +116,43 @@ class ChatTemplate:
         """The prompt text for `messages` (Chat Completions shape) and `tools`. Raises
         TemplateFailed naming the template and the message it failed on, when known."""
         try:
-            return self._template.render(
-                messages=messages,
-                tools=list(tools) if tools else None,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-            )
+            return self._render(messages, tools, add_generation_prompt)
         except _Raised as exc:
-            raise TemplateFailed(
-                f"chat template {self.name} refused the conversation "
-                f"({len(messages)} messages): {exc}"
-            ) from None
+            what, why = "refused", str(exc)
         except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
-            raise TemplateFailed(
-                f"chat template {self.name} failed to render the conversation "
-                f"({len(messages)} messages, the last a {_role(messages)} message): "
-                f"{type(exc).__name__}: {exc}"
-            ) from None
+            what, why = "failed to render", f"{type(exc).__name__}: {exc}"
+        raise TemplateFailed(
+            f"chat template {self.name} {what} the conversation at "
+            f"{self._culprit(messages, tools)}: {why}"
+        )
+
+    def _render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        add_generation_prompt: bool,
+    ) -> str:
+        return self._template.render(
+            messages=messages,
+            tools=list(tools) if tools else None,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+        )
+
+    def _culprit(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+    ) -> str:
+        """Which message the rendering fails at: the first that fails with those before it
+        (a failure path only, so rendering each prefix again is affordable)."""
+        for n in range(1, len(messages) + 1):
+            try:
+                self._render(messages[:n], tools, False)
+            except Exception:  # any failure of the template's code counts
+                role = messages[n - 1].get("role")
+                shown = role if isinstance(role, str) else "no"
+                return f"message {n} of {len(messages)} ({shown} role)"
+        return f"the generation prompt, after {len(messages)} messages"
 
 
 def object_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -153,11 +172,6 @@ def object_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if isinstance(parsed, dict):
                     fn["arguments"] = parsed  # type: ignore[index]
     return messages
-
-
-def _role(messages: Sequence[Mapping[str, Any]]) -> str:
-    role = messages[-1].get("role") if messages else None
-    return role if isinstance(role, str) else "no"
 
 
 __all__ = ["ChatTemplate", "TemplateFailed", "object_arguments"]
