@@ -9,7 +9,8 @@ scheduler starts it. In order:
   guards), then a warmup, a compaction (proxy/core/compacting.py) or the upstream request
   (proxy/core/plan.py), its events read by the run's SSE decoder and the dialect's translator;
 - **the upstream's events**: one `UpstreamChunk` at a time, every event of it up to the run's
-  end; a reused response id fails the run; a steer stops it at an item boundary;
+  end (or the token path's early end); a reused response id fails it; a steer stops it at an
+  item boundary;
 - **endings**, each in one place: the terminal event (`_finish_stream`), a failure (`_fail`),
   a refusal before the upstream was asked (`_refuse`), a steer's boundary (`_interrupt`); each
   waits in SAVING for the store's answer when the response is stored (`_after`, `_saved`),
@@ -32,7 +33,6 @@ from .actions import (
     Finished,
     LoadStored,
     Outcome,
-    RunCreated,
     SaveStored,
     Send,
 )
@@ -103,7 +103,7 @@ class RunDriver:
         "response.steer")."""
         self._runs[run.id] = run
         self._queue.appendleft(run)
-        return [created(run)]
+        return [run.created()]
 
     # ------------------------------------------------------------ start
 
@@ -257,6 +257,8 @@ class RunDriver:
             out += self._event(run, event)
             if run.state in _ENDED:
                 break
+        if run.tokens is not None and run.tokens.cut_short:  # the rest is not wanted: stop it
+            out.append(CancelUpstream(run.id))
         return out
 
     def _event(self, run: Run, event: SSEEvent) -> list[Action]:
@@ -491,10 +493,4 @@ class RunDriver:
         return out
 
 
-def created(run: Run) -> RunCreated:
-    """A run exists: its lane, its parent and its new input go with it (for the console)."""
-    req = run.req
-    return RunCreated(run.id, req.lane, req.previous_response_id, req.input_items)
-
-
-__all__ = ["IN_FLIGHT", "RunDriver", "created"]
+__all__ = ["IN_FLIGHT", "RunDriver"]

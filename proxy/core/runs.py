@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import wire
+from .actions import RunCreated
 from .conversation import CachedResponse
 from .dialects import StreamTranslator
 from .errors import ClientError
@@ -132,6 +133,11 @@ class Run:
     estimate_usage: Callable[[list[Any]], dict[str, Any]] | None = None
     # SAVING: the rest of its ending, released by the store's answer (the theory above)
     after_save: Callable[[], list[Action]] | None = None
+
+    def created(self) -> RunCreated:
+        """The action that says it exists: its lane, parent and new input (for the console)."""
+        req = self.req
+        return RunCreated(self.id, req.lane, req.previous_response_id, req.input_items)
 
     def move(self, new: RunState) -> None:
         """The one way a run changes state (called once per change, never per event)."""

@@ -59,7 +59,7 @@ from .api_objects import lifecycle_event, response_object
 from .compacting import Compacting
 from .context.manager import ContextManager
 from .conversation import ResponseCache
-from .driver import IN_FLIGHT, RunDriver, created
+from .driver import IN_FLIGHT, RunDriver
 from .errors import ClientError, ClientTooSlow, ServerDraining, ServerShuttingDown
 from .events import (
     ClientGone,
@@ -247,7 +247,7 @@ class Session(RunDriver):
         self._runs[run.id] = run
         self._queue.append(run)
         self.admission.charge(run.id, nbytes)
-        return [created(run)]
+        return [run.created()]
 
     def _stalled(self, run_id: int, timeout: float) -> list[Action]:
         """A write of the run's events stayed blocked: the client stopped reading. The response

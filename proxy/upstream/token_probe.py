@@ -21,11 +21,12 @@ import aiohttp
 
 from ..config import UpstreamSettings
 from ..core import wire
+from ..core.errors import UpstreamError
 from ..core.tokens.dialect import TokenDialect, TokenSetup
 from ..core.tokens.engine import LlamaCppEngine, TokenEngine
 from ..core.tokens.parsers import parser_for
 from ..core.tokens.sglang import SglangEngine
-from ..core.tokens.template import ChatTemplate
+from ..core.tokens.template import ChatTemplate, TemplateFailed
 from ..core.tokens.vllm import VllmEngine
 from ..core.urls import redact_url, server_root
 from .client import UpstreamClient, describe
@@ -102,6 +103,53 @@ async def _served_model(client: UpstreamClient, base: str) -> tuple[str | None, 
     return (name if isinstance(name, str) else None), (n if wire.is_int(n) else 0)
 
 
+async def _tokenize(client: UpstreamClient, root: str, engine: TokenEngine, text: str) -> list[int]:
+    assert client.session is not None
+    timeout = aiohttp.ClientTimeout(total=min(PROBE_TIMEOUT, client.settings.connect_timeout))
+    url = root + engine.tokenize_path
+    try:
+        async with client.session.post(
+            url,
+            data=engine.tokenize_body(text),
+            headers={"Content-Type": "application/json"},
+            timeout=timeout,
+        ) as resp:
+            body = await resp.read()
+            if resp.status != 200:
+                raise NotReady(f"{redact_url(url)} answered {resp.status}")
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        raise NotReady(f"{redact_url(url)} did not answer ({describe(exc)})") from None
+    try:
+        return engine.tokenize_ids(body)
+    except UpstreamError as exc:
+        raise NotReady(f"{redact_url(url)}: {exc.message}") from None
+
+
+async def _turn_marker(
+    client: UpstreamClient, root: str, engine: TokenEngine, template: ChatTemplate
+) -> tuple[str, int] | None:
+    """The special token a turn starts with, as text and id: the first token of the
+    generation prompt (`<start_of_turn>model\n` starts with `<start_of_turn>`), found as the
+    longest start of it that the server tokenises to that one id. None when there is none
+    (a template whose turns start with plain text): a turn's ids are then kept whole."""
+    probe = [{"role": "user", "content": "hi"}]
+    try:
+        with_prompt = template.render(probe, add_generation_prompt=True)
+        without = template.render(probe, add_generation_prompt=False)
+    except TemplateFailed:
+        return None
+    if not with_prompt.startswith(without) or len(with_prompt) == len(without):
+        return None
+    prompt = with_prompt[len(without) :][:64]
+    ids = await _tokenize(client, root, engine, prompt)
+    if not ids:
+        return None
+    for n in range(len(prompt), 0, -1):
+        if await _tokenize(client, root, engine, prompt[:n]) == [ids[0]]:
+            return prompt[:n], ids[0]
+    return None
+
+
 async def setup(client: UpstreamClient, settings: UpstreamSettings, base: str) -> TokenSetup:
     """The token path's setup from the server at `base`. Raises NotReady."""
     root = server_root(base)
@@ -139,6 +187,7 @@ async def setup(client: UpstreamClient, settings: UpstreamSettings, base: str) -
         context_window=n_ctx if wire.is_int(n_ctx) else 0,
         model=model,
         turn_end=template.turn_end(),
+        turn_marker=await _turn_marker(client, root, engine, template),
     )
 
 

@@ -15,6 +15,7 @@ Cancel, steer and failures on the token path are in test_tokens_path_faults.py.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -110,7 +111,7 @@ async def test_three_chained_turns_reuse_every_earlier_id(
             ids.append((prompt, generated))
             previous = response["id"]
     # every later prompt is the earlier prompt, the generated ids, then the new text
-    for (p0, g0), (p1, _) in zip(ids, ids[1:], strict=False):
+    for (p0, g0), (p1, _) in itertools.pairwise(ids):
         assert p1[: len(p0) + len(g0)] == p0 + g0
         assert len(p1) > len(p0) + len(g0)
     # the server's prompt cache found the reused ids: cached tokens grow turn by turn
@@ -133,10 +134,12 @@ async def test_the_openai_sdk_chains_over_websocket_mode_on_the_token_path(
     client = openai_client(proxy.http, api_key="sk-test")
     async with client.responses.connect() as conn:
         done = await sdk_chain(conn, ("alpha", "beta", "gamma"))
-    trajectories = [await trajectory(proxy, r.id) for r in done]
+    # the store is the credential's: the route answers the key that made the responses
+    key = {"Authorization": "Bearer sk-test"}
+    trajectories = [await trajectory(proxy, r.id, key) for r in done]
     for response, (_, generated) in zip(done, trajectories, strict=True):
         assert response.output_text == (await detokenize(sim.served.base, generated)).strip()
-    for (p0, g0), (p1, _) in zip(trajectories, trajectories[1:], strict=False):
+    for (p0, g0), (p1, _) in itertools.pairwise(trajectories):
         assert p1[: len(p0) + len(g0)] == p0 + g0
     assert done[2].usage is not None and done[2].usage.input_tokens_details.cached_tokens > 0
 
@@ -337,7 +340,7 @@ async def test_a_compaction_starts_a_new_token_chain(
 async def test_the_console_feed_shows_the_ids_sent_and_reused(
     sim_factory: SimFactory, proxy_factory: ProxyFactory
 ) -> None:
-    sim, proxy = await token_proxy(sim_factory, proxy_factory)
+    _, proxy = await token_proxy(sim_factory, proxy_factory)
     async with connect(proxy.ws) as ws:
         first = (await ws_turn(ws, input="one"))[-1]["response"]
         second = (await ws_turn(ws, input="two", previous_response_id=first["id"]))[-1]["response"]

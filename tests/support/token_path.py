@@ -68,9 +68,11 @@ async def token_record(
     return status, doc
 
 
-async def trajectory(proxy: Proxy, rid: str) -> tuple[list[int], list[int]]:
+async def trajectory(
+    proxy: Proxy, rid: str, headers: dict[str, str] | None = None
+) -> tuple[list[int], list[int]]:
     """(prompt ids, generated ids) of a stored token-path response; it must have them."""
-    status, doc = await token_record(proxy, rid)
+    status, doc = await token_record(proxy, rid, headers)
     assert status == 200, doc
     return doc["prompt_token_ids"], doc["generation_token_ids"]
 
@@ -129,8 +131,8 @@ class FakeLlamaCpp:
     sets between turns:
 
     - `pieces`: the generated text, one streamed event per piece;
-    - `with_tokens`: the events carry `tokens` (llama.cpp's `return_tokens`); off, they carry
-      none, as a server that ignores `return_tokens` would;
+    - `tokens_until`: the events from this piece on carry no `tokens` (llama.cpp's
+      `return_tokens`), as a server that ignores `return_tokens` would; None: all carry them;
     - `tokenize_status`: not 200, /tokenize answers that status with an error body;
     - `hold_after`: after that many pieces the stream waits for `release` (a response that is
       still running while the test steers or cancels it).
@@ -139,7 +141,7 @@ class FakeLlamaCpp:
     before their end (a cancelled upstream request)."""
 
     pieces: list[str] = field(default_factory=lambda: ["Hello ", "from ", "the ", "fake."])
-    with_tokens: bool = True
+    tokens_until: int | None = None
     tokenize_status: int = 200
     hold_after: int | None = None
     release: asyncio.Event = field(default_factory=asyncio.Event)
@@ -198,7 +200,7 @@ class FakeLlamaCpp:
                 ids = vocab.encode(piece, parse_special=True)
                 n += len(ids)
                 event: dict[str, Any] = {"content": piece, "stop": False, "tokens_predicted": n}
-                if self.with_tokens:
+                if self.tokens_until is None or i < self.tokens_until:
                     event["tokens"] = ids
                 await resp.write(b"data: " + orjson.dumps(event) + b"\n\n")
             final = {

@@ -12,6 +12,7 @@ from wsmode.core.tokens.chain import (
     fresh,
     new_ids,
     prompt_json,
+    split_at_turns,
     turn_of,
 )
 
@@ -31,7 +32,7 @@ def _turn(
     *,
     eos: bool = False,
 ) -> TokenTurn:
-    return TokenTurn(parent, FP, Segment.of(prompt, pids), Segment.of(gen, gids), eos=eos)
+    return TokenTurn(parent, FP, (Segment.of(prompt, pids),), Segment.of(gen, gids), eos=eos)
 
 
 def _two_turns() -> TokenTurn:
@@ -83,7 +84,7 @@ def test_a_generation_rendered_otherwise_keeps_its_prompt_and_says_why() -> None
     assert plan.kept_ids == 4 + 2 + 3
     assert plan.text == rendered[len(P1 + G1 + S2) :]
     assert plan.base is not None and plan.base.generated.ids.tolist() == []
-    assert plan.base.prompt.ids.tolist() == [5, 6, 7]
+    assert plan.base.prompt[0].ids.tolist() == [5, 6, 7]
     assert prompt_json(plan, b"99") == b"[1,2,3,4,10,11,5,6,7,99]"
 
 
@@ -152,3 +153,32 @@ def test_stored_records_round_trip_after_a_stored_parent() -> None:
         rebuilt = turn_of(rec, rebuilt)
     assert rebuilt is not None and rebuilt.prompt_ids() == child.prompt_ids()
     assert rebuilt.generated.ids.tolist() == [13, 14]
+
+
+def test_a_prompt_is_kept_in_pieces_cut_before_each_turn_marker() -> None:
+    text = "<s>user\nhi<e>\n<s>model\n"
+    # a BOS (1) before the first marker (7): the first piece keeps it
+    pieces = split_at_turns(text, [1, 7, 20, 21, 8, 9, 7, 30, 9], ("<s>", 7))
+    assert [p.text for p in pieces] == ["<s>user\nhi<e>\n", "<s>model\n"]
+    assert [p.ids.tolist() for p in pieces] == [[1, 7, 20, 21, 8, 9], [7, 30, 9]]
+    # the marker written in the text but not tokenised as the marker: kept whole
+    whole = split_at_turns(text, [1, 7, 20, 21, 8, 9, 31, 30, 9], ("<s>", 7))
+    assert len(whole) == 1 and whole[0].ids.tolist() == [1, 7, 20, 21, 8, 9, 31, 30, 9]
+    assert len(split_at_turns(text, [1, 2], None)) == 1
+
+
+def test_a_changed_message_keeps_the_ids_of_those_before_it() -> None:
+    marker = ("<s>", 7)
+    first = TokenTurn(
+        None,
+        FP,
+        split_at_turns("<s>sys<e>\n<s>user\nhi<e>\n<s>model\n", [7, 1, 8, 7, 2, 8, 7, 3], marker),
+        Segment.of("ok", [40]),
+    )
+    # the model's turn is not in the history any more (a steer cut it before any text)
+    rendered = "<s>sys<e>\n<s>user\nhi<e>\n<s>user\nstop<e>\n<s>model\n"
+    plan = continue_from(first, rendered, FP, "<e>\n")
+    assert plan.divergence == "history_changed"
+    assert plan.kept_ids == 6 and plan.text == "<s>user\nstop<e>\n<s>model\n"
+    assert plan.base is not None and plan.base.parent is None
+    assert [seg.ids.tolist() for seg in plan.base.prompt] == [[7, 1, 8], [7, 2, 8]]

@@ -75,7 +75,7 @@ def test_text_streams_as_a_message_and_the_ids_are_kept() -> None:
     turn = s.turn()
     assert turn is not None and turn.eos
     assert turn.generated.text == "Hello" and turn.generated.ids.tolist() == [10, 11]
-    assert turn.prompt.ids.tolist() == [1, 2, 3] and turn.prompt_length == 3
+    assert turn.prompt[0].ids.tolist() == [1, 2, 3] and turn.prompt_length == 3
 
 
 def test_a_hermes_tool_call_becomes_a_function_call_item() -> None:
@@ -163,7 +163,7 @@ def test_a_body_that_ends_before_its_final_event_fails() -> None:
 def test_the_prompt_body_carries_the_kept_ids_then_the_new_ones() -> None:
     from wsmode.core.tokens.chain import Segment, TokenTurn, continue_from
 
-    parent = TokenTurn(None, "fp", Segment.of("<p>", [1, 2]), Segment.of("ok", [3]))
+    parent = TokenTurn(None, "fp", (Segment.of("<p>", [1, 2]),), Segment.of("ok", [3]))
     plan = continue_from(parent, "<p>ok<e>more", "fp")
     prompt = TokenPrompt(LlamaCppEngine(), plan, Sampling(max_tokens=5, slot=2))
     tokenize = prompt.tokenize_body()

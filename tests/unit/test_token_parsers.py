@@ -21,6 +21,7 @@ from wsmode.core.tokens.parsers import (
     NoToolsParser,
     OutputParser,
     Piece,
+    ReasoningEnd,
     ReasoningPiece,
     TextPiece,
     parser_for,
@@ -65,6 +66,8 @@ def joined(pieces: Iterable[Piece]) -> list[Piece]:
     """Adjacent text (and reasoning) deltas as one piece: what a client sees in the end."""
     out: list[Piece] = []
     for piece in pieces:
+        if isinstance(piece, ReasoningEnd):  # a boundary, not content: its own test below
+            continue
         assert not isinstance(piece, TextPiece | ReasoningPiece) or piece.text, "empty delta"
         last = out[-1] if out else None
         if isinstance(piece, TextPiece) and isinstance(last, TextPiece):
@@ -143,7 +146,7 @@ def test_reasoning_streams_likewise() -> None:
     assert parser.feed("<thi") == []
     assert parser.feed("nk>\nLet me") == [ReasoningPiece("Let me")]
     assert parser.feed(" see</") == [ReasoningPiece(" see")]
-    assert parser.feed("think>\n\nDone") == [TextPiece("Done")]
+    assert parser.feed("think>\n\nDone") == [ReasoningEnd(), TextPiece("Done")]
 
 
 # ------------------------------------------------------------------ think blocks
@@ -180,7 +183,11 @@ def test_tool_call_tags_inside_a_think_block_are_reasoning() -> None:
 def test_starts_in_think_reads_reasoning_until_the_close() -> None:
     parser = HermesParser(starts_in_think=True)
     assert parser.feed("\nOkay, the user") == [ReasoningPiece("Okay, the user")]
-    assert parser.feed(" asks.</think>\n\nHello") == [ReasoningPiece(" asks."), TextPiece("Hello")]
+    assert parser.feed(" asks.</think>\n\nHello") == [
+        ReasoningPiece(" asks."),
+        ReasoningEnd(),
+        TextPiece("Hello"),
+    ]
     assert parser.end() == []
 
 
@@ -346,8 +353,25 @@ def test_whitespace_only_output_gives_nothing(make: Make) -> None:
     assert whole("", make) == []
 
 
-def test_leading_whitespace_of_the_output_is_dropped_and_inner_kept() -> None:
-    assert whole("\n\n  Hello,\n\n  world.\n") == [TextPiece("Hello,\n\n  world.\n")]
+def test_the_end_of_a_think_block_is_said_when_it_comes() -> None:
+    parser = HermesParser()
+    assert parser.feed("<think>plan") == [ReasoningPiece("plan")]
+    assert parser.feed("</think>") == [ReasoningEnd()]  # the reasoning item can close now
+    assert parser.feed("Answer") == [TextPiece("Answer")]
+
+
+def test_the_text_is_the_models_exactly_leading_whitespace_included() -> None:
+    # the history renders the message as it is, so it must be what the model wrote
+    assert whole("\n\n  Hello,\n\n  world.\n") == [TextPiece("\n\n  Hello,\n\n  world.\n")]
+    assert whole(" Hi") == [TextPiece(" Hi")]
+    pieces, _ = fed(HermesParser, list(" \n Hi"))
+    assert joined(pieces) == [TextPiece(" \n Hi")]
+
+
+def test_whitespace_before_a_call_is_no_message() -> None:
+    assert whole('\n <tool_call>{"name": "f", "arguments": {}}</tool_call>') == [
+        CallPiece("f", "{}")
+    ]
 
 
 # ------------------------------------------------------------------ no tools
@@ -356,7 +380,11 @@ def test_leading_whitespace_of_the_output_is_dropped_and_inner_kept() -> None:
 def test_no_tools_parser_passes_call_tags_as_text() -> None:
     parser = NoToolsParser()
     text = f"Look: {call(WEATHER)} done"
-    assert parser.feed("<think>a</think>" + text) == [ReasoningPiece("a"), TextPiece(text)]
+    assert parser.feed("<think>a</think>" + text) == [
+        ReasoningPiece("a"),
+        ReasoningEnd(),
+        TextPiece(text),
+    ]
     assert parser.end() == []
     assert not parser.after_calls_text
 
@@ -406,7 +434,7 @@ def test_parser_for_gives_a_new_parser_each_time() -> None:
 def test_parser_for_passes_starts_in_think() -> None:
     for tool_format in TOOL_FORMATS:
         parser = parser_for(tool_format, HERMES_TEMPLATE, starts_in_think=True)
-        assert parser.feed("a</think>b") == [ReasoningPiece("a"), TextPiece("b")]
+        assert parser.feed("a</think>b") == [ReasoningPiece("a"), ReasoningEnd(), TextPiece("b")]
 
 
 @pytest.mark.parametrize("bad", ["mistral", "Hermes", "", "harmony"])

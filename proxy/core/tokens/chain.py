@@ -65,7 +65,9 @@ class TokenTurn:
 
     parent: TokenTurn | None
     fingerprint: str  # model, template, tools and engine (`fingerprint`)
-    prompt: Segment  # what its prompt added after the parent's generation
+    # what its prompt added after the parent's generation, cut before each turn marker
+    # (`split_at_turns`), so that a change in one message keeps the ids of those before it
+    prompt: tuple[Segment, ...]
     generated: Segment  # what the model generated
     logprobs: array[float] | None = None  # one per generated id, when they were asked for
     eos: bool = False  # generation ended on the model's end-of-generation token
@@ -80,7 +82,7 @@ class TokenTurn:
             turn = turn.parent
         out: list[Segment] = []
         for t in reversed(turns):
-            out.append(t.prompt)
+            out.extend(t.prompt)
             out.append(t.generated)
         return out
 
@@ -96,12 +98,46 @@ class TokenTurn:
     def nbytes(self) -> int:
         """What this turn holds of its own (its parent's are counted with the parent)."""
         logprobs = 8 * len(self.logprobs) if self.logprobs is not None else 0
-        return self.prompt.nbytes + self.generated.nbytes + logprobs + 96
+        held = sum(s.nbytes for s in self.prompt) + self.generated.nbytes
+        return held + logprobs + 96
 
 
 # the token turn of a conversation that so far has input only (`generate: false` warmups
 # from its start): nothing to reuse, nothing diverged; its empty fingerprint fits any
-NO_IDS_YET: Final = TokenTurn(None, "", EMPTY_SEGMENT, EMPTY_SEGMENT)
+NO_IDS_YET: Final = TokenTurn(None, "", (), EMPTY_SEGMENT)
+
+
+def split_at_turns(
+    text: str, ids: list[int], marker: tuple[str, int] | None
+) -> tuple[Segment, ...]:
+    """The segments of one tokenised text, cut before each turn marker (`marker`: the
+    special token that starts a turn, as text and id, `<start_of_turn>` and 105, say). A
+    special token is tokenised on its own, so each piece is exactly what tokenising it alone
+    gives. The text and the ids must show the marker equally often; else one segment."""
+    if marker is None or not text:
+        return (Segment.of(text, ids),)
+    mark, mark_id = marker
+    found = _find_all(text, mark)
+    cuts_ids = [i for i, x in enumerate(ids) if x == mark_id]
+    if found and found[0] == 0:  # the first piece starts with it (after a BOS, maybe)
+        found, cuts_ids = found[1:], cuts_ids[1:]
+    cuts_text = found
+    if len(cuts_text) != len(cuts_ids) or not cuts_text:
+        return (Segment.of(text, ids),)
+    out = []
+    for a, b, c, d in zip(
+        [0, *cuts_text], [*cuts_text, len(text)], [0, *cuts_ids], [*cuts_ids, len(ids)], strict=True
+    ):
+        out.append(Segment.of(text[a:b], ids[c:d]))
+    return tuple(out)
+
+
+def _find_all(text: str, mark: str) -> list[int]:
+    out, at = [], text.find(mark)
+    while at >= 0:
+        out.append(at)
+        at = text.find(mark, at + len(mark))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,28 +191,26 @@ def continue_from(
     at = 0
     base: TokenTurn | None = None
     for t in turns:
-        if not rendered.startswith(t.prompt.text, at):
-            return _cut(base, kept, kept_ids, rendered, at, "history_changed")
-        at += len(t.prompt.text)
-        if not rendered.startswith(t.generated.text, at):
-            # the turn's prompt stays; its generation is tokenised again as rendered
-            kept.append(t.prompt.json)
+        for j, seg in enumerate(t.prompt):
+            if not rendered.startswith(seg.text, at):
+                # the segments of this prompt before it stay, as a turn that generated nothing
+                head = TokenTurn(base, fingerprint, t.prompt[:j], EMPTY_SEGMENT) if j else base
+                return _cut(head, kept, kept_ids, rendered, at, "history_changed")
+            kept.append(seg.json)
+            kept_ids += len(seg.ids)
+            at += len(seg.text)
+        gen = t.generated
+        rerendered = not rendered.startswith(gen.text, at)
+        if not rerendered and t is parent and turn_end:
+            # the last generation must be followed by the end of a model's turn, else the
+            # history shows more or other than the model wrote (it matched as a prefix only)
+            rerendered = not rendered.startswith(turn_end, at + len(gen.text))
+        if rerendered:  # its prompt stays; its generation is tokenised again as rendered
             head = TokenTurn(base, fingerprint, t.prompt, EMPTY_SEGMENT)
-            return _cut(
-                head, kept, kept_ids + len(t.prompt.ids), rendered, at, "generation_rerendered"
-            )
-        at += len(t.generated.text)
-        if t is parent and turn_end and not rendered.startswith(turn_end, at):
-            at -= len(t.generated.text)
-            kept.append(t.prompt.json)
-            head = TokenTurn(base, fingerprint, t.prompt, EMPTY_SEGMENT)
-            return _cut(
-                head, kept, kept_ids + len(t.prompt.ids), rendered, at, "generation_rerendered"
-            )
-        kept.append(t.prompt.json)
-        if t.generated.ids:
-            kept.append(t.generated.json)
-        kept_ids += len(t.prompt.ids) + len(t.generated.ids)
+            return _cut(head, kept, kept_ids, rendered, at, "generation_rerendered")
+        at += len(gen.text)
+        kept.append(gen.json)
+        kept_ids += len(gen.ids)
         base = t
     last = parent.generated.ids
     repeated = last[-1] if parent.eos and last else None
@@ -196,8 +230,7 @@ def turn_record(t: TokenTurn) -> dict[str, Any]:
     """One turn as JSON values, its parent left out."""
     rec: dict[str, Any] = {
         "f": t.fingerprint,
-        "pt": t.prompt.text,
-        "pi": t.prompt.ids.tolist(),
+        "p": [[seg.text, seg.ids.tolist()] for seg in t.prompt],
         "gt": t.generated.text,
         "gi": t.generated.ids.tolist(),
         "eos": t.eos,
@@ -214,7 +247,7 @@ def turn_of(rec: Mapping[str, Any], parent: TokenTurn | None) -> TokenTurn:
     return TokenTurn(
         parent,
         rec["f"],
-        Segment.of(rec["pt"], rec["pi"]),
+        tuple(Segment.of(text, ids) for text, ids in rec["p"]),
         Segment.of(rec["gt"], rec["gi"]),
         logprobs=array("d", lp) if isinstance(lp, list) else None,
         eos=bool(rec.get("eos")),
@@ -260,6 +293,7 @@ __all__ = [
     "fresh",
     "new_ids",
     "prompt_json",
+    "split_at_turns",
     "turn_of",
     "turn_record",
 ]

@@ -41,9 +41,17 @@ from .chain import (
     fresh,
     new_ids,
     prompt_json,
+    split_at_turns,
 )
-from .engine import Generated, Sampling, TokenEngine
-from .parsers import BrokenCall, CallPiece, OutputParser, ReasoningPiece, TextPiece
+from .engine import EngineUsage, Generated, Sampling, TokenEngine
+from .parsers import (
+    BrokenCall,
+    CallPiece,
+    OutputParser,
+    ReasoningEnd,
+    ReasoningPiece,
+    TextPiece,
+)
 from .template import ChatTemplate, object_arguments
 
 
@@ -58,6 +66,9 @@ class TokenSetup:
     context_window: int = 0  # tokens; 0: unknown
     model: str | None = None  # the server's model name, for engines that want one
     turn_end: str = ""  # what the template writes after a model's turn (ChatTemplate.turn_end)
+    # the special token that starts a turn, as text and id (`<start_of_turn>`, 105): a turn's
+    # new ids are kept in pieces cut before it (core/tokens/chain.py `split_at_turns`)
+    turn_marker: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +78,7 @@ class TokenPrompt:
     engine: TokenEngine
     plan: Continuation
     sampling: Sampling
+    marker: tuple[str, int] | None = None  # the turn marker the new ids are cut at (chain.py)
 
     def tokenize_body(self) -> bytes | None:
         """The tokenise request for the new text, None when there is none."""
@@ -114,6 +126,10 @@ class TokenStream(BuiltStream):
         self._names = names
         self._model = model
         self._calls = 0
+        self._thinks = 0  # think blocks closed so far (each one reasoning item)
+        # ended before the server's end: the text after the tool calls is not wanted, and the
+        # driver stops the upstream request (`CancelUpstream`)
+        self.cut_short = False
         # a tool call that did not parse: the response ends incomplete, with this reason
         # ("" when none of the API's reasons fits: `incomplete_details` is then null)
         self._broken: str | None = None
@@ -150,7 +166,7 @@ class TokenStream(BuiltStream):
             return None
         plan = self.prompt.plan
         base = plan.base
-        prompt = Segment.of(plan.text, self.prompt_ids)
+        prompt = split_at_turns(plan.text, self.prompt_ids, self.prompt.marker)
         length = plan.kept_ids + len(self.prompt_ids)
         return TokenTurn(
             base,
@@ -173,6 +189,13 @@ class TokenStream(BuiltStream):
             self.ids.extend(gen.ids)
         if gen.logprobs:
             self.logprobs.extend(gen.logprobs)
+        if gen.finish is None and self._parser.after_calls_text:
+            # the model went on after its tool calls (a base model, with no stop sequence):
+            # the response is its calls, and the rest is not waited for (`cut_short`)
+            self.cut_short = True
+            prompt = self.prompt.plan.kept_ids if self.prompt is not None else 0
+            prompt += len(self.prompt_ids or ())
+            gen = Generated(finish="stop", usage=EngineUsage(prompt, len(self.ids), 0))
         if gen.finish is None:
             return out
         self.finish = gen.finish
@@ -200,7 +223,10 @@ class TokenStream(BuiltStream):
             if isinstance(p, TextPiece):
                 out += b.text(p.text)
             elif isinstance(p, ReasoningPiece):
-                out += b.reasoning(p.text)
+                out += b.reasoning(p.text, source=("think", self._thinks))
+            elif isinstance(p, ReasoningEnd):  # an item boundary now, not at the next text
+                out += b.close_source(("think", self._thinks))
+                self._thinks += 1
             elif isinstance(p, CallPiece):
                 key = ("call", self._calls)
                 self._calls += 1
@@ -211,6 +237,7 @@ class TokenStream(BuiltStream):
                     key, call_id=self._new_id("call"), name=name, namespace=namespace
                 )
                 out += b.call_args(key, p.arguments)
+                out += b.close_source(key)  # whole when parsed: done at once
             elif isinstance(p, BrokenCall):
                 # never a completed call with broken arguments: the text as the model wrote
                 # it, and the response ends incomplete (cut by the limit: that reason; else
@@ -304,7 +331,8 @@ class TokenDialect:
         else:
             turn = parent.tokens if parent is not None else None
             plan = continue_from(turn, text, print_, setup.turn_end)
-        return TokenPrompt(setup.engine, plan, _sampling(settings, extra, setup)), print_
+        sampling = _sampling(settings, extra, setup)
+        return TokenPrompt(setup.engine, plan, sampling, setup.turn_marker), print_
 
     def _setup(self) -> TokenSetup:
         if self.setup is None:

@@ -92,7 +92,13 @@ class BrokenCall:
     reason: str
 
 
-Piece: TypeAlias = TextPiece | ReasoningPiece | CallPiece | BrokenCall
+@dataclass(frozen=True, slots=True)
+class ReasoningEnd:
+    """The think block closed: its reasoning item is finished (an item boundary, where a
+    steer may cut the response)."""
+
+
+Piece: TypeAlias = TextPiece | ReasoningPiece | ReasoningEnd | CallPiece | BrokenCall
 
 
 class OutputParser(Protocol):
@@ -139,9 +145,12 @@ class _TagParser:
         SKIP   </tool_call> -> AFTER
         AFTER  <tool_call> -> CALL; any other text dropped
 
-    Whitespace at the start of the output, of a think block and of the text after one is
-    dropped (Qwen3 writes `<think>\\n...\\n</think>\\n\\n`), so text or reasoning that is only
-    whitespace never becomes a piece. Inside a think block a `<tool_call>` is reasoning text.
+    Whitespace at the start of the output is held and goes out with the text after it, so a
+    message is the model's text exactly (the history renders it so, and the next turn's ids
+    continue it); before a tag it is dropped, so whitespace alone never becomes a message.
+    Whitespace at the start of a think block and of the text after one is dropped (Qwen3
+    writes `<think>\\n...\\n</think>\\n\\n`). Inside a think block a `<tool_call>` is
+    reasoning text.
     """
 
     def __init__(self, *, tools: bool, think: bool, starts_in_think: bool, max_call_chars: int):
@@ -164,7 +173,11 @@ class _TagParser:
         self._max_call_chars = max_call_chars
         self._mode = _Mode.THINK if starts_in_think else _Mode.TEXT
         self._held = ""  # a trailing fragment that may begin a tag of the current mode
-        self._lstrip = True  # drop whitespace at the start of the current text or reasoning
+        # whitespace at the start of the output is held: it goes out with the text that
+        # follows (the message is then the model's text exactly, as the history renders it),
+        # and is dropped if a tag follows instead (no message of whitespace before a call)
+        self._lead: str | None = "" if not starts_in_think else None
+        self._lstrip = starts_in_think  # drop whitespace at the start of reasoning, or after it
         self._call: list[str] = []  # the current call's text, in fragments
         self._call_chars = 0
         self._after_calls_text = False
@@ -209,7 +222,13 @@ class _TagParser:
         if not text:
             return
         mode = self._mode
-        if mode is _Mode.TEXT or mode is _Mode.THINK:
+        if mode is _Mode.TEXT and self._lead is not None:
+            if text.isspace():
+                self._lead += text
+                return
+            text, self._lead = self._lead + text, None
+            _emit(out, TextPiece(text))
+        elif mode is _Mode.TEXT or mode is _Mode.THINK:
             if self._lstrip:
                 text = text.lstrip()
                 if not text:
@@ -229,6 +248,7 @@ class _TagParser:
         # SKIP, or whitespace after a call: nothing
 
     def _tag(self, tag: str, out: list[Piece]) -> None:
+        self._lead = None  # whitespace held before a tag is not a message
         if tag == THINK_OPEN:
             self._mode = _Mode.THINK
             self._lstrip = True
@@ -236,6 +256,7 @@ class _TagParser:
             if self._mode is _Mode.THINK:
                 self._mode = _Mode.TEXT
                 self._lstrip = True
+                out.append(ReasoningEnd())
             # else a stray close in the text (the prompt opened the block): dropped
         elif tag == CALL_OPEN:
             self._mode = _Mode.CALL

@@ -26,10 +26,10 @@ from typing import Any, NoReturn
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ..errors import ProxyError
+from ..errors import ClientError
 
 
-class TemplateFailed(ProxyError):
+class TemplateFailed(ClientError):
     """The chat template could not render this conversation (it raised, or it is broken):
     the request is refused, naming the template and where it failed."""
 
