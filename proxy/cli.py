@@ -364,7 +364,9 @@ def soak(
 @click.argument(
     "scenarios",
     nargs=-1,
-    type=click.Choice(["agent-loop", "overhead", "relay", "scale", "fairness", "affinity"]),
+    type=click.Choice(
+        ["agent-loop", "overhead", "relay", "scale", "fairness", "affinity", "tokens"]
+    ),
 )
 @click.option("--quick", is_flag=True, help="Every target, with a shorter profile.")
 @click.option("--smoke", is_flag=True, hidden=True, help="The tiniest run (for the tests).")
@@ -385,6 +387,11 @@ def soak(
 )
 @click.option("--json", "json_path", default="bench.json", show_default=True, help="JSON report.")
 @click.option("--png", "png_path", default="bench.png", show_default=True, help="PNG chart.")
+@click.option(
+    "--llamacpp-model",
+    type=click.Path(exists=True, dir_okay=False),
+    help="tokens: run against real llama.cpp with this GGUF instead of the sim.",
+)
 def bench(
     scenarios: tuple[str, ...],
     quick: bool,
@@ -393,9 +400,10 @@ def bench(
     relay_loop: str,
     json_path: str,
     png_path: str,
+    llamacpp_model: str | None,
 ) -> None:
-    """Benchmarks: agent-loop, overhead, relay, scale, fairness, affinity (all when none is
-    named)."""
+    """Benchmarks: agent-loop, overhead, relay, scale, fairness, affinity, tokens (all when
+    none is named)."""
     import asyncio
     from pathlib import Path
 
@@ -412,6 +420,7 @@ def bench(
                 relay_loop=relay_loop,
                 json_path=Path(json_path) if json_path else None,
                 png_path=Path(png_path) if png_path else None,
+                llamacpp_model=Path(llamacpp_model) if llamacpp_model else None,
             )
         )
     except BenchError as exc:

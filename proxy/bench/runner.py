@@ -13,14 +13,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import affinity, agent, fairness, overhead, relay, report, scale
+from . import affinity, agent, fairness, overhead, relay, report, scale, tokens, tokens_report
 from .affinity import AffinityProfile
 from .agent import AgentProfile, Cell
 from .link import NetemNamespace, probe_netem
 from .procs import BenchError
 from .relay import RelayPlan
 
-SCENARIOS = ("agent-loop", "overhead", "relay", "scale", "fairness", "affinity")
+SCENARIOS = ("agent-loop", "overhead", "relay", "scale", "fairness", "affinity", "tokens")
 KIB = 1024
 
 
@@ -43,6 +43,7 @@ class Plan:
     fairness: tuple[int, int] = (40, 3)  # turns per phase, alone/flooded repetitions
     rounds: int = 5  # overhead: the samples cut into this many rounds, one ratio each
     affinity: AffinityProfile = affinity.DEFAULT  # conversations over upstream replicas
+    tokens: tokens.TokensProfile = tokens.DEFAULT  # the token path vs the chat path
 
     def cells(self) -> list[Cell]:
         out = [Cell(*self.main, self.main_reps)]
@@ -70,6 +71,7 @@ QUICK = Plan(
     fairness=(20, 2),
     rounds=4,
     affinity=affinity.QUICK,
+    tokens=tokens.QUICK,
 )
 SMOKE = Plan(  # the end-to-end test: every scenario, as small as it gets
     "smoke",
@@ -97,6 +99,7 @@ SMOKE = Plan(  # the end-to-end test: every scenario, as small as it gets
     fairness=(3, 1),
     rounds=2,
     affinity=affinity.SMOKE,
+    tokens=tokens.SMOKE,
 )
 PLANS = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 
@@ -133,6 +136,9 @@ def _method(plan: Plan, link: str, relay_loop: str) -> dict[str, Any]:
         "contender; N conversations at once, M turns each; round-robin HTTP balancer, wsmode "
         "with affinity none and conversation, ideal (unbounded caches, each conversation on "
         "one replica); TTFT = time to the first output delta (docs/bench-affinity.md)",
+        "tokens": "upstream.api chat and tokens, each its own wsmode and upstream; the same "
+        "conversations (a long first turn, short continuations over WebSocket mode), sizes and "
+        "paths interleaved; medians per continuation turn (docs/bench-tokens.md)",
         "speed_ratio": "HTTP direct time / WebSocket-mode time (1.40x = 40% faster; "
         "time saved = 1 - 1/ratio)",
     }
@@ -191,6 +197,7 @@ def _cells(name: str, plan: Plan) -> int:
         "relay": len(plan.relay.connections) + 2,  # per connection count, paced, latency
         "scale": len(plan.scale),  # one per connection count
         "fairness": 2,  # alone, flooded
+        "tokens": len(plan.tokens.sizes),  # one per history size, both paths
     }.get(name, 1)
 
 
@@ -211,6 +218,7 @@ async def run(
     relay_loop: str = "asyncio",
     json_path: Path | None,
     png_path: Path | None,
+    llamacpp_model: Path | None = None,
 ) -> dict[str, Any]:
     def log(line: str) -> None:
         print(line, flush=True)
@@ -246,6 +254,8 @@ async def run(
             results[name] = await fairness.run(*plan.fairness, log)
         elif name == "affinity":
             results[name] = await affinity.run(plan.affinity, log)
+        elif name == "tokens":
+            results[name] = await tokens.run(plan.tokens, log, llamacpp_model)
         log(f"  ({time.monotonic() - t0:.0f} s)")
         _progress(f"{name} done in {time.monotonic() - t0:.0f} s; {_count(cells_left)} left")
     results["method"] = _method(plan, link_method, relay_loop)
@@ -256,11 +266,13 @@ async def run(
         f" on {os.cpu_count()} CPUs"
         + (" (busy machine: throughput and p99 figures are noisy)" if max(load) > 1.0 else "")
     )
-    results["targets"] = report.targets(results)
+    results["targets"] = report.targets(results) + tokens_report.targets(results)
     results["elapsed_s"] = round(time.monotonic() - started, 1)
     print("\nmethod")
     for key, value in results["method"].items():
         print(f"  {key}: {value}")
+    if "tokens" in results:
+        print(tokens_report.table(results["tokens"]))
     print(report.table(results))
     print("\nREADME table (markdown)\n" + report.markdown(results))
     if json_path is not None:
@@ -269,6 +281,9 @@ async def run(
     if png_path is not None:
         why = report.chart(results, png_path)
         print(f"chart: {why}" if why else f"chart: {png_path}")
+        if "tokens" in results:
+            why = tokens_report.chart(results["tokens"], tokens_report.png_path(png_path))
+            print(f"chart: {why}" if why else f"chart: {tokens_report.png_path(png_path)}")
     print(f"elapsed: {results['elapsed_s']} s")
     failed = results.get("affinity", {}).get("errors")
     if failed:  # after the report: what did run is kept, and the exit status says it all

@@ -28,6 +28,7 @@ one server per path; there is no tokenising counter and no fixed model time ther
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import re
 import time
@@ -48,7 +49,7 @@ PATHS = ("chat", "tokens")
 KTOK = 1024
 _MAX_EVENTS = 10_000  # per turn: far more than a short answer has
 _WORDS = "alpha beta gamma delta kappa sigma omega river stone cloud paper linen ember".split()
-_DIVERGENCE = re.compile(r'^wsmode_token_divergences_total\{[^}]*\}\s+([0-9.e+]+)$', re.M)
+_DIVERGENCE = re.compile(r"^wsmode_token_divergences_total\{[^}]*\}\s+([0-9.e+]+)$", re.M)
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ async def conversation(
     try:
         await _sim_stats(session, up)  # the baseline of the counters
         previous: TurnSample | None = None
-        cpu_from = cpu_to = 0
+        cpu_from = cpu_to = up_from = up_to = 0
         for t in range(p.turns + 1):
             tokens = size if t == 0 else p.turn_tokens
             text = _text(tokens, chars_per_token, "rep", rep, "size", size, "turn", t)
@@ -197,9 +198,9 @@ async def conversation(
             if previous is not None:
                 create["previous_response_id"] = previous.response_id
             if t == 1:
-                cpu_from = up.proxy.cpu_ns()
+                cpu_from, up_from = up.proxy.cpu_ns(), up.server.cpu_ns()
             turn = await asyncio.wait_for(_turn(ws, create), p.turn_timeout)
-            cpu_to = up.proxy.cpu_ns()
+            cpu_to, up_to = up.proxy.cpu_ns(), up.server.cpu_ns()
             counted = await _sim_stats(session, up)
             if counted is not None:
                 turn.tokenize_ms, turn.tokenized_tokens = counted
@@ -212,14 +213,18 @@ async def conversation(
         "turns": [asdict(s) for s in samples[1:]],
         "reuse": [
             round(b.cached_tokens / (a.input_tokens + a.output_tokens), 5)
-            for a, b in zip(samples, samples[1:], strict=False)
+            for a, b in itertools.pairwise(samples)
             if a.input_tokens + a.output_tokens
         ],
         "wsmode_cpu_ms_per_turn": round((cpu_to - cpu_from) / 1e6 / p.turns, 3),
+        # the model server's process: its tokenising and the rest of its handling
+        "upstream_cpu_ms_per_turn": round((up_to - up_from) / 1e6 / p.turns, 3),
     }
 
 
-async def _start_proxy(servers: Servers, path: str, upstream: Server, read_timeout: float) -> Server:
+async def _start_proxy(
+    servers: Servers, path: str, upstream: Server, read_timeout: float
+) -> Server:
     port = free_port()
     env = {
         "WSMODE_UPSTREAM_URL": f"{upstream.base}/v1",
@@ -287,6 +292,9 @@ def _summary(convs: list[dict[str, Any]], ttft_ms: float, is_sim: bool) -> dict[
         "reuse_p50": round(median(reuse), 5) if reuse else None,
         "reuse_min": min(reuse) if reuse else None,
         "wsmode_cpu_ms_per_turn": round(median([c["wsmode_cpu_ms_per_turn"] for c in convs]), 3),
+        "upstream_cpu_ms_per_turn": round(
+            median([c["upstream_cpu_ms_per_turn"] for c in convs]), 3
+        ),
         # per repetition, for the same-run ratios' spread (docs/bench-tokens.md)
         "reps": [
             {
@@ -311,6 +319,8 @@ async def run(
         async with aiohttp.ClientSession(timeout=timeout, headers=HEADERS) as session:
             ups = await _start(servers, session, p, llamacpp_model)
             cpt = {x: await _chars_per_token(session, ups[x]) for x in PATHS}
+            for x in PATHS:  # warm-up, not measured: first imports, caches, the template
+                await conversation(session, ups[x], p, min(p.sizes), cpt[x], -1)
             for up in ups.values():  # the calibration's tokenising is not any turn's
                 await _sim_stats(session, up)
             div0 = {x: await _divergences(session, ups[x].proxy) for x in PATHS}

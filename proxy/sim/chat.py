@@ -231,10 +231,10 @@ async def chat_completions(request: web.Request, state: SimState) -> web.StreamR
     after = int(arg) if arg.isdigit() else 3
     view = responses_view(body)
     if cfg.tokenize_us_per_token > 0:  # a real server tokenises the whole rendered history
-        t0 = time.perf_counter_ns()
+        began = time.perf_counter_ns()
         n = count_tokens(view)
         burn(cfg.tokenize_us_per_token, n)
-        state.tokenized(n, time.perf_counter_ns() - t0)
+        state.tokenized(n, time.perf_counter_ns() - began)
     p = plan(
         view,
         seed=cfg.seed,

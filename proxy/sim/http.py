@@ -20,8 +20,11 @@ def error(status: int, message: str, code: str | None, param: str | None = None)
     return web.Response(status=status, body=wire.dumps(body), content_type="application/json")
 
 
-async def read_request(request: web.Request, state: SimState) -> dict[str, Any] | web.Response:
-    """The request's JSON object (recorded for the tests), or the 400 a real server gives."""
+async def read_request(
+    request: web.Request, state: SimState, *, record: bool = True
+) -> dict[str, Any] | web.Response:
+    """The request's JSON object (recorded for the tests, unless `record` is false: the
+    tokenizer's endpoints, which generate nothing), or the 400 a real server gives."""
     raw = await request.read()
     state.bytes_received += len(raw)
     try:
@@ -30,7 +33,8 @@ async def read_request(request: web.Request, state: SimState) -> dict[str, Any] 
         return error(400, "We could not parse the JSON body of your request.", "invalid_json")
     if not isinstance(body, dict):
         return error(400, "The body must be a JSON object.", "invalid_json")
-    state.requests.append({"body": body, "headers": dict(request.headers)})
+    if record:
+        state.requests.append({"body": body, "headers": dict(request.headers)})
     return body
 
 

@@ -187,7 +187,7 @@ async def _props(request: web.Request) -> web.Response:
 
 async def _apply_template(request: web.Request) -> web.Response:
     state = request.app[SIM_STATE]
-    body = await read_request(request, state)
+    body = await read_request(request, state, record=False)
     if isinstance(body, web.Response):
         return body
     messages, tools = body.get("messages"), body.get("tools")
@@ -202,7 +202,7 @@ async def _apply_template(request: web.Request) -> web.Response:
 async def _tokenize(request: web.Request) -> web.Response:
     """llama.cpp's `{"content"}`, or vLLM's and SGLang's `{"prompt"}` (same path)."""
     state = request.app[SIM_STATE]
-    body = await read_request(request, state)
+    body = await read_request(request, state, record=False)
     if isinstance(body, web.Response):
         return body
     state.tokenize_calls += 1
@@ -236,7 +236,7 @@ async def _detokenize(request: web.Request) -> web.Response:
     """One answer for the three servers: llama.cpp reads `content`, vLLM `prompt`, SGLang
     `text`."""
     state = request.app[SIM_STATE]
-    body = await read_request(request, state)
+    body = await read_request(request, state, record=False)
     if isinstance(body, web.Response):
         return body
     tokens = body.get("tokens")

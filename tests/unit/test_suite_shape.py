@@ -55,6 +55,9 @@ PROCESS_HELPERS = {
     "redis_server_process",
     "serve_llamacpp",
     "start_stack",
+    "build_tiny_vocab_model",
+    "recording_relay",
+    "serve_fake",
 }
 # the fixtures of conftest.py that start servers or processes
 PROCESS_FIXTURES = {
@@ -65,6 +68,7 @@ PROCESS_FIXTURES = {
     "sidecar_factory",
     "llamacpp",
     "llamacpp_pair",
+    "llamacpp_tiny_vocab",
     "redis_server",
     "redis_session_server",
     "replicas",
