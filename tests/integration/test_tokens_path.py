@@ -42,6 +42,7 @@ from tests.support.token_path import (
     engine_settings,
     output_text,
     streamed_text,
+    token_record,
     trajectory,
     wait_ready,
     ws_turn,
@@ -371,3 +372,29 @@ async def test_the_console_feed_shows_the_ids_sent_and_reused(
     assert shown[second["id"]]["ids_sent"] == len(p1)
     assert shown[second["id"]]["ids_reused"] == len(p0) + len(g0)
     assert shown[first["id"]]["divergence"] is None is shown[second["id"]]["divergence"]
+
+
+# ------------------------------------------------------------------ trajectories
+
+
+async def test_a_trajectory_has_a_log_probability_per_generated_id_when_asked(
+    sim_factory: SimFactory, proxy_factory: ProxyFactory
+) -> None:
+    """`GET /v1/responses/{id}/tokens` with `include: ["message.output_text.logprobs"]`: one
+    log probability per generated id, as the server reported them; without it, null."""
+    _, proxy = await token_proxy(sim_factory, proxy_factory)
+    async with connect(proxy.ws) as ws:
+        asked = (
+            await ws_turn(ws, input="hello", store=True, include=["message.output_text.logprobs"])
+        )[-1]["response"]["id"]
+        plain = (await ws_turn(ws, input="again", store=True, previous_response_id=asked))[-1]
+    status, doc = await token_record(proxy, asked)
+    assert status == 200
+    assert doc["generation_token_ids"]
+    first = doc["prompt_token_ids"] + doc["generation_token_ids"]
+    probs = doc["generation_log_probs"]
+    assert isinstance(probs, list) and len(probs) == len(doc["generation_token_ids"])
+    assert all(isinstance(p, float) and p <= 0.0 for p in probs)
+    status, doc = await token_record(proxy, plain["response"]["id"])
+    assert status == 200 and doc["generation_log_probs"] is None
+    assert doc["prompt_token_ids"][: len(first)] == first  # and the chain went on
