@@ -154,6 +154,9 @@ class UpstreamCall:
             except UpstreamError as err:
                 yield self._failed(err)
                 return
+            if (too_long := start.tokens.over_window(ids)) is not None:
+                yield InputRefused(start, too_long)  # the server is not asked
+                return
             yield PromptTokenized(run_id, ids)
             body = start.tokens.body(ids)
             if trace is not None:

@@ -198,6 +198,24 @@ async def test_a_generate_answer_without_ids_is_an_upstream_protocol_error(
         await assert_parent_goes_on(ws, proxy, parent)
 
 
+async def test_a_prompt_past_the_servers_context_window_is_refused_before_it_is_sent(
+    fake_proxy: FakeFactory,
+) -> None:
+    """llama.cpp's `n_ctx` from /props bounds the prompt: counted exactly, after the new
+    text is tokenised, and refused with 400 `context_length_exceeded` without a generate
+    request; the conversation is left as it was."""
+    fake, proxy = await fake_proxy(n_ctx=120)
+    async with connect(proxy.ws) as ws:
+        parent = (await ws_turn(ws, input="first"))[-1]["response"]["id"]
+        sent = len(fake.completions)
+        events = await ws_turn(ws, input="x " * 200, previous_response_id=parent)
+        assert [e["type"] for e in events] == ["error"], events
+        assert events[0]["error"]["code"] == "context_length_exceeded"
+        assert events[0]["status"] == 400 and "120" in events[0]["error"]["message"]
+        assert len(fake.completions) == sent  # the server was not asked to generate
+        await assert_parent_goes_on(ws, proxy, parent)
+
+
 async def test_a_tokenizer_that_fails_is_a_clear_error(fake_proxy: FakeFactory) -> None:
     fake, proxy = await fake_proxy()
     async with connect(proxy.ws) as ws:

@@ -143,6 +143,7 @@ class FakeLlamaCpp:
     pieces: list[str] = field(default_factory=lambda: ["Hello ", "from ", "the ", "fake."])
     tokens_until: int | None = None
     tokenize_status: int = 200
+    n_ctx: int = 32768  # the context window its /props reports
     hold_after: int | None = None
     release: asyncio.Event = field(default_factory=asyncio.Event)
     held: asyncio.Event = field(default_factory=asyncio.Event)
@@ -160,7 +161,7 @@ class FakeLlamaCpp:
     async def _props(self, request: web.Request) -> web.Response:
         return web.json_response(
             {
-                "default_generation_settings": {"n_ctx": 32768},
+                "default_generation_settings": {"n_ctx": self.n_ctx},
                 "total_slots": 1,
                 "chat_template": TEMPLATE_PATH.read_text(),
                 "bos_token": "<bos>",

@@ -23,6 +23,7 @@ from typing import Any
 
 from .. import wire
 from ..api_objects import usage_of
+from ..context.render import context_length_exceeded
 from ..conversation import CachedResponse
 from ..dialects.builder import BuiltStream
 from ..dialects.chat import ChatDialect, ChatStream, namespace_names
@@ -79,6 +80,7 @@ class TokenPrompt:
     plan: Continuation
     sampling: Sampling
     marker: tuple[str, int] | None = None  # the turn marker the new ids are cut at (chain.py)
+    context_window: int = 0  # the server's (llama.cpp's n_ctx); 0: unknown
 
     def tokenize_body(self) -> bytes | None:
         """The tokenise request for the new text, None when there is none."""
@@ -91,6 +93,13 @@ class TokenPrompt:
         if answer is None:
             return []
         return new_ids(self.plan, self.engine.tokenize_ids(answer))
+
+    def over_window(self, ids: list[int]) -> ClientError | None:
+        """The refusal of a prompt of the kept ids and `ids` that does not fit the server's
+        context window with room for one generated token (before the server is asked)."""
+        n = self.plan.kept_ids + len(ids)
+        window = self.context_window
+        return context_length_exceeded(n, window) if window and n >= window else None
 
     def body(self, ids: list[int]) -> bytes:
         new = ",".join(map(str, ids)).encode()
@@ -257,11 +266,13 @@ class TokenDialect:
         self,
         chat: ChatDialect,
         *,
+        context_window: int = 0,
         clock: Callable[[], float] = lambda: 0.0,
         new_id: Callable[[str], str] = mint_id,
     ) -> None:
         self.chat = chat
         self.setup: TokenSetup | None = None  # found at start-up (upstream/token_probe.py)
+        self.context_window = context_window  # upstream.context_window; 0: the server's
         self.not_ready: str | None = "the token engine has not been probed yet"
         self._clock = clock
         self._new_id = new_id
@@ -332,7 +343,14 @@ class TokenDialect:
             turn = parent.tokens if parent is not None else None
             plan = continue_from(turn, text, print_, setup.turn_end)
         sampling = _sampling(settings, extra, setup)
-        return TokenPrompt(setup.engine, plan, sampling, setup.turn_marker), print_
+        prompt = TokenPrompt(
+            setup.engine,
+            plan,
+            sampling,
+            setup.turn_marker,
+            self.context_window or setup.context_window,
+        )
+        return prompt, print_
 
     def _setup(self) -> TokenSetup:
         if self.setup is None:

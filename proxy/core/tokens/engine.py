@@ -135,6 +135,39 @@ def reported_error(doc: dict[str, Any]) -> UpstreamError | None:
     )
 
 
+class HfTokenize:
+    """`POST /tokenize` as vLLM and SGLang serve it: `prompt` and `add_special_tokens` in,
+    `tokens` out, from the model's Hugging Face tokenizer (which parses special tokens
+    written in the text)."""
+
+    name: str
+    tokenize_path = "/tokenize"
+
+    def tokenize_body(self, text: str, *, add_special: bool = False) -> bytes:
+        return wire.dumps({"prompt": text, "add_special_tokens": add_special})
+
+    def tokenize_ids(self, body: bytes) -> list[int]:
+        doc = json_object(body, "a tokenize answer")
+        return int_list(doc.get("tokens"), f"{self.name} /tokenize `tokens`")
+
+
+def sampling_params(sampling: Sampling, *, limit: str, seed: str) -> dict[str, Any]:
+    """The turn's sampling settings, under the engine's names for the token limit and the
+    seed (vLLM `max_tokens`, `seed`; SGLang `max_new_tokens`, `sampling_seed`)."""
+    params: dict[str, Any] = {}
+    for key, value in (
+        (limit, sampling.max_tokens),
+        ("temperature", sampling.temperature),
+        ("top_p", sampling.top_p),
+        (seed, sampling.seed),
+    ):
+        if value is not None:
+            params[key] = value
+    if sampling.stop:
+        params["stop"] = list(sampling.stop)
+    return params
+
+
 # ---------------------------------------------------------------- llama.cpp
 
 # llama.cpp's /completion `stop_type`: "eos" (an end-of-generation token), "word" (a stop

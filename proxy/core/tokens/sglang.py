@@ -39,11 +39,13 @@ from ..sse import SSEEvent
 from .engine import (
     EngineUsage,
     Generated,
+    HfTokenize,
     Sampling,
     int_list,
     json_object,
     protocol_error,
     reported_error,
+    sampling_params,
 )
 
 _DONE = b"[DONE]"
@@ -139,36 +141,18 @@ class SglangStream:
         return Generated()
 
 
-class SglangEngine:
+class SglangEngine(HfTokenize):
     """SGLang's native API. `incremental`: the server runs with
     `--incremental-streaming-output` (its streamed text and ids are then deltas)."""
 
     name = "sglang"
     generate_path = "/generate"
-    tokenize_path = "/tokenize"
 
     def __init__(self, *, incremental: bool = False) -> None:
         self.incremental = incremental
 
-    def tokenize_body(self, text: str, *, add_special: bool = False) -> bytes:
-        return wire.dumps({"prompt": text, "add_special_tokens": add_special})
-
-    def tokenize_ids(self, body: bytes) -> list[int]:
-        doc = json_object(body, "a tokenize answer")
-        return int_list(doc.get("tokens"), "SGLang /tokenize `tokens`")
-
     def generate_body(self, prompt: bytes, sampling: Sampling) -> bytes:
-        params: dict[str, Any] = {}
-        if sampling.max_tokens is not None:
-            params["max_new_tokens"] = sampling.max_tokens
-        if sampling.temperature is not None:
-            params["temperature"] = sampling.temperature
-        if sampling.top_p is not None:
-            params["top_p"] = sampling.top_p
-        if sampling.seed is not None:
-            params["sampling_seed"] = sampling.seed
-        if sampling.stop:
-            params["stop"] = list(sampling.stop)
+        params = sampling_params(sampling, limit="max_new_tokens", seed="sampling_seed")
         head: dict[str, Any] = {"stream": True, "sampling_params": params}
         if sampling.logprobs:
             head["return_logprob"] = True

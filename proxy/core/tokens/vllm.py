@@ -41,11 +41,13 @@ from ..sse import SSEEvent
 from .engine import (
     EngineUsage,
     Generated,
+    HfTokenize,
     Sampling,
     int_list,
     json_object,
     protocol_error,
     reported_error,
+    sampling_params,
 )
 
 _DONE = b"[DONE]"
@@ -133,32 +135,14 @@ class VllmStream:
         return self._finished()
 
 
-class VllmEngine:
+class VllmEngine(HfTokenize):
     """vLLM's token-in/token-out endpoint (`vllm serve --enable-scale-out`)."""
 
     name = "vllm"
     generate_path = "/inference/v1/generate"
-    tokenize_path = "/tokenize"
-
-    def tokenize_body(self, text: str, *, add_special: bool = False) -> bytes:
-        return wire.dumps({"prompt": text, "add_special_tokens": add_special})
-
-    def tokenize_ids(self, body: bytes) -> list[int]:
-        doc = json_object(body, "a tokenize answer")
-        return int_list(doc.get("tokens"), "vLLM /tokenize `tokens`")
 
     def generate_body(self, prompt: bytes, sampling: Sampling) -> bytes:
-        params: dict[str, Any] = {}
-        if sampling.max_tokens is not None:
-            params["max_tokens"] = sampling.max_tokens
-        if sampling.temperature is not None:
-            params["temperature"] = sampling.temperature
-        if sampling.top_p is not None:
-            params["top_p"] = sampling.top_p
-        if sampling.seed is not None:
-            params["seed"] = sampling.seed
-        if sampling.stop:
-            params["stop"] = list(sampling.stop)
+        params = sampling_params(sampling, limit="max_tokens", seed="seed")
         if sampling.logprobs:
             params["logprobs"] = 0  # the sampled token's own log probability only
         head: dict[str, Any] = {
