@@ -124,8 +124,7 @@ def make_dialect(settings: Settings) -> Dialect:
     if api == "auto":
         return AutoDialect(responses, chat)
     if api == "tokens":  # ready once the engine is probed (upstream/token_probe.py)
-        window = settings.upstream.context_window
-        return TokenDialect(chat, context_window=window, clock=time.time, new_id=new_id)
+        return TokenDialect(chat, clock=time.time, new_id=new_id)
     return responses
 
 

@@ -96,7 +96,9 @@ class TokenPrompt:
 
     def over_window(self, ids: list[int]) -> ClientError | None:
         """The refusal of a prompt of the kept ids and `ids` that does not fit the server's
-        context window with room for one generated token (before the server is asked)."""
+        own context window with room for one generated token: the server would refuse it,
+        so it is not asked. (`upstream.context_window` is the context manager's, from its
+        estimates: a planning bound, not this one.)"""
         n = self.plan.kept_ids + len(ids)
         window = self.context_window
         return context_length_exceeded(n, window) if window and n >= window else None
@@ -266,13 +268,11 @@ class TokenDialect:
         self,
         chat: ChatDialect,
         *,
-        context_window: int = 0,
         clock: Callable[[], float] = lambda: 0.0,
         new_id: Callable[[str], str] = mint_id,
     ) -> None:
         self.chat = chat
         self.setup: TokenSetup | None = None  # found at start-up (upstream/token_probe.py)
-        self.context_window = context_window  # upstream.context_window; 0: the server's
         self.not_ready: str | None = "the token engine has not been probed yet"
         self._clock = clock
         self._new_id = new_id
@@ -348,7 +348,7 @@ class TokenDialect:
             plan,
             sampling,
             setup.turn_marker,
-            self.context_window or setup.context_window,
+            setup.context_window,
         )
         return prompt, print_
 
