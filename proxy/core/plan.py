@@ -64,8 +64,7 @@ class Planner:
         session_key = policy.session_key_in_body and client_key(req.settings) is None
         if session_key:  # the proxy's own key goes upstream; the client's answer shows none
             patch["prompt_cache_key"] = None
-        tokens = isinstance(dialect, TokenDialect) and not run.native
-        if isinstance(dialect, TokenDialect) and tokens:
+        if isinstance(dialect, TokenDialect):  # the token path (never native: config.py)
             run.stream = run.tokens = dialect.stream(patch, req.body)
         else:
             run.stream = dialect.translator(patch, req.body)

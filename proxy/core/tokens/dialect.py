@@ -185,7 +185,7 @@ class TokenStream(BuiltStream):
             prompt,
             Segment.of("".join(self.text), self.ids),
             logprobs=self.logprobs if self.logprobs else None,
-            eos=self.finish == "stop" and self._broken is None,
+            eos=self.finish == "stop" and self._broken is None and not self.cut_short,
             prompt_length=length,
         )
 
