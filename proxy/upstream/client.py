@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
+from functools import partial
 
 import aiohttp
 
@@ -148,14 +149,18 @@ class UpstreamClient:
     async def _outgoing(
         self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
     ) -> aiohttp.ClientResponse:
-        """Client middleware for every upstream request (model calls and passthrough alike):
-        the configured credential replaces the client's, and the request id travels along."""
+        """Client middleware for the session's other requests (passthrough, probes, health
+        checks): the configured credential replaces the client's, and the request id travels
+        along. Model calls (`_post`) do the same without the middleware chain."""
+        self._outgoing_headers(request.headers)
+        return await handler(request)
+
+    def _outgoing_headers(self, headers: MutableMapping[str, str]) -> None:
         if self.settings.api_key:
-            request.headers["Authorization"] = f"Bearer {self.settings.api_key}"
+            headers["Authorization"] = f"Bearer {self.settings.api_key}"
         rid = request_id_var.get()
         if rid:
-            request.headers["X-Request-Id"] = rid
-        return await handler(request)
+            headers["X-Request-Id"] = rid
 
     @property
     def middlewares(self) -> tuple[aiohttp.ClientMiddlewareType, ...]:
@@ -255,13 +260,24 @@ class UpstreamClient:
         and is safe to send again on a new connection. Refused connections, timeouts and
         anything after the answer began are not retried."""
         assert self.session is not None
+        send = dict(headers)
+        self._outgoing_headers(send)
+        # what the session's middlewares do (`middlewares`), without building their chain
+        # for every model call: aiohttp builds it per request, a cost the hot path need not pay
+        post = partial(
+            self.session.post, url, data=body, headers=send, allow_redirects=False, middlewares=()
+        )
         try:
-            return await self.session.post(url, data=body, headers=headers)
+            resp = await post()
         except aiohttp.ClientConnectorError:
             raise
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             log.info("upstream connection was closed before the request (%s); resending", exc)
-            return await self.session.post(url, data=body, headers=headers)
+            resp = await post()
+        if resp.status in REDIRECTS:
+            resp.release()
+            raise RedirectRefused(resp.status)
+        return resp
 
     def _translate(
         self, exc: BaseException, started: bool, base: str | None = None
