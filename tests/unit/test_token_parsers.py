@@ -416,7 +416,7 @@ HERMES_TEMPLATE = "{%- for m in messages %}...<tool_call>\n{{ tc | tojson }}\n</
 
 
 def test_parser_for_choices() -> None:
-    assert TOOL_FORMATS == ("auto", "hermes", "none")
+    assert TOOL_FORMATS == ("auto", "hermes", "mistral", "llama3", "none")
     assert isinstance(parser_for("auto", HERMES_TEMPLATE), HermesParser)
     assert isinstance(parser_for("auto", "{{ messages[0].content }}"), NoToolsParser)
     assert isinstance(parser_for("hermes", ""), HermesParser)
@@ -437,9 +437,9 @@ def test_parser_for_passes_starts_in_think() -> None:
         assert parser.feed("a</think>b") == [ReasoningPiece("a"), ReasoningEnd(), TextPiece("b")]
 
 
-@pytest.mark.parametrize("bad", ["mistral", "Hermes", "", "harmony"])
+@pytest.mark.parametrize("bad", ["Hermes", "", "harmony"])
 def test_parser_for_names_the_choices_of_an_unknown_format(bad: str) -> None:
-    with pytest.raises(ValueError, match="auto, hermes, none"):
+    with pytest.raises(ValueError, match="auto, hermes, mistral, llama3, none"):
         parser_for(bad, HERMES_TEMPLATE)
 
 

@@ -19,9 +19,11 @@ Formats provided:
   `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, reasoning is
   `<think>...</think>`.
 - `NoToolsParser`: plain text (and optional think blocks), for `tool_format = "none"`.
+- `MistralParser` and `Llama3Parser` (parsers_json.py): calls that end where their JSON
+  ends, with no closing tag: Mistral's `[TOOL_CALLS]` and Llama 3's bare JSON object.
 
 Not yet provided, and meant to fit the `OutputParser` protocol unchanged: gpt-oss's harmony
-channels (via `openai-harmony`), Mistral's `[TOOL_CALLS]` list and Llama 3's bare JSON call.
+channels (`openai-harmony` needs its vocabulary file downloaded at first use).
 
 A parser holds the state of one response: make a new one for each (`parser_for` returns a
 new one on every call). `end()` is called once, when generation ends; the parser is then
@@ -40,7 +42,7 @@ from typing import Protocol, TypeAlias
 
 from .. import wire
 
-TOOL_FORMATS = ("auto", "hermes", "none")
+TOOL_FORMATS = ("auto", "hermes", "mistral", "llama3", "none")
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -193,9 +195,9 @@ class _TagParser:
         rest = self._held + delta
         while rest:
             tags = self._tags[self._mode]
-            at, tag = _first_tag(rest, tags)
+            at, tag = first_tag(rest, tags)
             if tag is None:
-                keep = _tag_prefix_len(rest, tags)
+                keep = tag_prefix_len(rest, tags)
                 self._content(rest[: len(rest) - keep], out)
                 rest = rest[len(rest) - keep :]
                 break
@@ -227,14 +229,14 @@ class _TagParser:
                 self._lead += text
                 return
             text, self._lead = self._lead + text, None
-            _emit(out, TextPiece(text))
+            emit_text(out, TextPiece(text))
         elif mode is _Mode.TEXT or mode is _Mode.THINK:
             if self._lstrip:
                 text = text.lstrip()
                 if not text:
                     return
                 self._lstrip = False
-            _emit(out, TextPiece(text) if mode is _Mode.TEXT else ReasoningPiece(text))
+            emit_text(out, TextPiece(text) if mode is _Mode.TEXT else ReasoningPiece(text))
         elif mode is _Mode.CALL:
             self._call.append(text)
             self._call_chars += len(text)
@@ -264,7 +266,7 @@ class _TagParser:
             self._call_chars = 0
         else:  # CALL_CLOSE, in CALL or SKIP
             if self._mode is _Mode.CALL:
-                out.append(_call_from_json("".join(self._call)))
+                out.append(call_from_json("".join(self._call)))
                 self._call = []
             self._mode = _Mode.AFTER
 
@@ -305,20 +307,46 @@ class NoToolsParser(_TagParser):
 def parser_for(
     tool_format: str, template_source: str, *, starts_in_think: bool = False
 ) -> OutputParser:
-    """A new parser for one response. `tool_format` is one of `TOOL_FORMATS`; "auto" is
-    "hermes" when the chat template (its Jinja source) writes `<tool_call>`, else "none".
-    Think blocks are recognised in every format (a model that never writes `<think>` loses
-    nothing); `starts_in_think` as for `HermesParser`."""
+    """A new parser for one response. `tool_format` is one of `TOOL_FORMATS`; "auto" reads
+    the chat template (its Jinja source), see `detect_format`. Think blocks are recognised
+    in every format (a model that never writes them loses nothing); `starts_in_think` as
+    for `HermesParser`."""
+    # imported here: parsers_json builds on this module's pieces and helpers
+    from .parsers_json import Llama3Parser, MistralParser
+
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format must be one of {', '.join(TOOL_FORMATS)}: {tool_format!r}")
     if tool_format == "auto":
-        tool_format = "hermes" if CALL_OPEN in template_source else "none"
+        tool_format = detect_format(template_source)
     if tool_format == "hermes":
         return HermesParser(starts_in_think=starts_in_think)
+    if tool_format == "mistral":
+        return MistralParser(starts_in_think=starts_in_think)
+    if tool_format == "llama3":
+        return Llama3Parser(starts_in_think=starts_in_think)
     return NoToolsParser(starts_in_think=starts_in_think)
 
 
-def _emit(out: list[Piece], piece: TextPiece | ReasoningPiece) -> None:
+def detect_format(template_source: str) -> str:
+    """The tool format a chat template writes, tried in this order: "mistral" when it
+    mentions `[TOOL_CALLS]`; "llama3" when it mentions `<|python_tag|>`, or `"parameters"`
+    together with the `ipython` role (a Llama 3 template that never writes the tag); "hermes"
+    when it mentions `<tool_call>`; else "none"."""
+    if "[TOOL_CALLS]" in template_source:
+        return "mistral"
+    if "<|python_tag|>" in template_source or (
+        '"parameters"' in template_source and "ipython" in template_source
+    ):
+        return "llama3"
+    if CALL_OPEN in template_source:
+        return "hermes"
+    return "none"
+
+
+# ---- helpers shared with parsers_json.py
+
+
+def emit_text(out: list[Piece], piece: TextPiece | ReasoningPiece) -> None:
     """Append `piece`, joined to the last one when it is of the same kind."""
     if out and type(out[-1]) is type(piece):
         last = out[-1]
@@ -328,7 +356,7 @@ def _emit(out: list[Piece], piece: TextPiece | ReasoningPiece) -> None:
         out.append(piece)
 
 
-def _first_tag(text: str, tags: tuple[str, ...]) -> tuple[int, str | None]:
+def first_tag(text: str, tags: tuple[str, ...]) -> tuple[int, str | None]:
     """The earliest of `tags` in `text`: its index and itself, or (-1, None)."""
     best, found = -1, None
     for tag in tags:
@@ -338,7 +366,7 @@ def _first_tag(text: str, tags: tuple[str, ...]) -> tuple[int, str | None]:
     return best, found
 
 
-def _tag_prefix_len(text: str, tags: tuple[str, ...]) -> int:
+def tag_prefix_len(text: str, tags: tuple[str, ...]) -> int:
     """The length of the longest suffix of `text` that is a proper prefix of one of `tags`."""
     longest = max((len(tag) for tag in tags), default=1) - 1
     for n in range(min(longest, len(text)), 0, -1):
@@ -348,7 +376,7 @@ def _tag_prefix_len(text: str, tags: tuple[str, ...]) -> int:
     return 0
 
 
-def _call_from_json(raw: str) -> CallPiece | BrokenCall:
+def call_from_json(raw: str) -> CallPiece | BrokenCall:
     """`{"name": ..., "arguments": {...}}` (arguments may be a string holding the object)."""
     try:
         call = wire.loads(raw)
@@ -356,10 +384,14 @@ def _call_from_json(raw: str) -> CallPiece | BrokenCall:
         return BrokenCall(raw, "invalid_json")
     if not isinstance(call, dict):
         return BrokenCall(raw, "invalid_json")
-    name = call.get("name")
+    return call_from_value(call.get("name"), call.get("arguments"), raw)
+
+
+def call_from_value(name: object, arguments: object, raw: str) -> CallPiece | BrokenCall:
+    """A call from its parsed name and arguments (an object, or a string holding one); `raw`
+    is the text they came from, for the `BrokenCall` if they are not a call."""
     if not isinstance(name, str) or not name:
         return BrokenCall(raw, "no_name")
-    arguments = call.get("arguments")
     if isinstance(arguments, str):
         try:
             arguments = wire.loads(arguments)
