@@ -24,7 +24,7 @@ from ..core import wire
 from ..core.errors import UpstreamError
 from ..core.tokens.dialect import TokenDialect, TokenSetup
 from ..core.tokens.engine import LlamaCppEngine, TokenEngine
-from ..core.tokens.parsers import parser_for
+from ..core.tokens.formats import markers, parser_for
 from ..core.tokens.sglang import SglangEngine
 from ..core.tokens.template import ChatTemplate, TemplateFailed
 from ..core.tokens.vllm import VllmEngine
@@ -150,6 +150,18 @@ async def _turn_marker(
     return None
 
 
+async def _single_token_tags(
+    client: UpstreamClient, root: str, engine: TokenEngine, tags: tuple[str, ...]
+) -> dict[int, str]:
+    """The parser's tags that the server's vocabulary has as one token each, by id."""
+    found: dict[int, str] = {}
+    for tag in tags:
+        ids = await _tokenize(client, root, engine, tag)
+        if len(ids) == 1:
+            found[ids[0]] = tag
+    return found
+
+
 async def setup(client: UpstreamClient, settings: UpstreamSettings, base: str) -> TokenSetup:
     """The token path's setup from the server at `base`. Raises NotReady."""
     root = server_root(base)
@@ -188,6 +200,7 @@ async def setup(client: UpstreamClient, settings: UpstreamSettings, base: str) -
         model=model,
         turn_end=template.turn_end(),
         turn_marker=await _turn_marker(client, root, engine, template),
+        tags=await _single_token_tags(client, root, engine, markers(tool_format, source)),
     )
 
 

@@ -10,20 +10,22 @@ from wsmode.core.sse import SSEEvent
 from wsmode.core.tokens.chain import fresh
 from wsmode.core.tokens.dialect import TokenPrompt, TokenStream
 from wsmode.core.tokens.engine import LlamaCppEngine, Sampling
-from wsmode.core.tokens.parsers import HermesParser
+from wsmode.core.tokens.parsers import HermesParser, OutputParser
+from wsmode.core.tokens.parsers_json import MistralParser
 
 from tests.support.event_checks import check_sequence
 
 REQUEST = {"model": "m", "input": "hi", "store": False}
 
 
-def _stream() -> TokenStream:
+def _stream(parser: OutputParser | None = None, tags: dict[int, str] | None = None) -> TokenStream:
     counter = iter(range(1000))
     stream = TokenStream(
         REQUEST,
         {"previous_response_id": None, "store": False},
         engine=LlamaCppEngine(),
-        parser=HermesParser(),
+        parser=parser or HermesParser(),
+        tags=tags,
         names={},
         model="gemma",
         clock=lambda: 1000.0,
@@ -180,3 +182,28 @@ def test_the_prompt_body_carries_the_kept_ids_then_the_new_ones() -> None:
     # a new conversation is tokenised with the model's BOS, as the chat endpoint does
     first = TokenPrompt(LlamaCppEngine(), fresh("<p>"), Sampling()).tokenize_body()
     assert first is not None and orjson.loads(first)["add_special"] is True
+
+
+def test_a_tag_the_server_streams_as_an_id_only_is_written_back_for_the_parser() -> None:
+    # llama.cpp without --special streams a control token's id with empty content
+    s = _stream(MistralParser(), tags={9: "[TOOL_CALLS]"})
+    events = _run(
+        s,
+        [_token("", [9]), _token('[{"name": "f", "arguments": {"a": 1}}]', [10]), _final("eos")],
+    )
+    final = check_sequence(events).terminal
+    calls = [i for i in final["output"] if i["type"] == "function_call"]
+    assert [(c["name"], orjson.loads(c["arguments"])) for c in calls] == [("f", {"a": 1})]
+    # the generated text the token cache keeps has the tag, as the history renders it
+    assert "".join(s.text).startswith("[TOOL_CALLS]")
+    # a tag the server did write is not written twice
+    s = _stream(MistralParser(), tags={9: "[TOOL_CALLS]"})
+    _run(
+        s,
+        [
+            _token("[TOOL_CALLS]", [9]),
+            _token('[{"name": "f", "arguments": {}}]', [10]),
+            _final("eos"),
+        ],
+    )
+    assert "".join(s.text).count("[TOOL_CALLS]") == 1

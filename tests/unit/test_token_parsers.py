@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from wsmode.core import wire
+from wsmode.core.tokens.formats import TOOL_FORMATS, parser_for
 from wsmode.core.tokens.parsers import (
     MAX_CALL_CHARS,
-    TOOL_FORMATS,
     BrokenCall,
     CallPiece,
     HermesParser,
@@ -24,7 +24,6 @@ from wsmode.core.tokens.parsers import (
     ReasoningEnd,
     ReasoningPiece,
     TextPiece,
-    parser_for,
 )
 
 from tests.support.chat_streams import TRANSCRIPTS, chunks_of

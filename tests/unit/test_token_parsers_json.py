@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from wsmode.core.tokens.formats import TOOL_FORMATS, detect_format, parser_for
 from wsmode.core.tokens.parsers import (
-    TOOL_FORMATS,
     BrokenCall,
     CallPiece,
     HermesParser,
@@ -21,8 +21,6 @@ from wsmode.core.tokens.parsers import (
     ReasoningEnd,
     ReasoningPiece,
     TextPiece,
-    detect_format,
-    parser_for,
 )
 from wsmode.core.tokens.parsers_json import Llama3Parser, MistralParser
 

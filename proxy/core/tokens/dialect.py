@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import wire
@@ -70,6 +70,9 @@ class TokenSetup:
     # the special token that starts a turn, as text and id (`<start_of_turn>`, 105): a turn's
     # new ids are kept in pieces cut before it (core/tokens/chain.py `split_at_turns`)
     turn_marker: tuple[str, int] | None = None
+    # the parser's tags that are one special token each, by id: written back into the text
+    # when the server streams such a token without its text (`formats.markers`)
+    tags: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,12 +133,14 @@ class TokenStream(BuiltStream):
         model: str | None,
         clock: Callable[[], float],
         new_id: Callable[[str], str],
+        tags: Mapping[int, str] | None = None,
     ) -> None:
         super().__init__(request, patch, clock=clock, new_id=new_id)
         self._engine_stream = engine.stream()
         self._parser = parser
         self._names = names
         self._model = model
+        self._tags = tags or {}
         self._calls = 0
         self._thinks = 0  # think blocks closed so far (each one reasoning item)
         # ended before the server's end: the text after the tool calls is not wanted, and the
@@ -193,6 +198,8 @@ class TokenStream(BuiltStream):
 
     def _take(self, gen: Generated) -> list[bytes]:
         out = self._start()
+        if len(gen.ids) == 1 and (tag := self._tags.get(gen.ids[0])) and tag not in gen.text:
+            gen.text = tag + gen.text  # a tag the server streamed as an id without its text
         if gen.text:
             self.text.append(gen.text)
             out += self._pieces(self._parser.feed(gen.text))
@@ -310,6 +317,7 @@ class TokenDialect:
             model=setup.model,
             clock=self._clock,
             new_id=self._new_id,
+            tags=setup.tags,
         )
 
     def prompt(

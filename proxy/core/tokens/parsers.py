@@ -25,7 +25,7 @@ Formats provided:
 Not yet provided, and meant to fit the `OutputParser` protocol unchanged: gpt-oss's harmony
 channels (`openai-harmony` needs its vocabulary file downloaded at first use).
 
-A parser holds the state of one response: make a new one for each (`parser_for` returns a
+A parser holds the state of one response: make a new one for each (`formats.parser_for` returns a
 new one on every call). `end()` is called once, when generation ends; the parser is then
 spent, and feeding it again is a bug.
 
@@ -41,8 +41,6 @@ from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
 from .. import wire
-
-TOOL_FORMATS = ("auto", "hermes", "mistral", "llama3", "none")
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -302,45 +300,6 @@ class NoToolsParser(_TagParser):
         super().__init__(
             tools=False, think=think, starts_in_think=starts_in_think, max_call_chars=MAX_CALL_CHARS
         )
-
-
-def parser_for(
-    tool_format: str, template_source: str, *, starts_in_think: bool = False
-) -> OutputParser:
-    """A new parser for one response. `tool_format` is one of `TOOL_FORMATS`; "auto" reads
-    the chat template (its Jinja source), see `detect_format`. Think blocks are recognised
-    in every format (a model that never writes them loses nothing); `starts_in_think` as
-    for `HermesParser`."""
-    # imported here: parsers_json builds on this module's pieces and helpers
-    from .parsers_json import Llama3Parser, MistralParser
-
-    if tool_format not in TOOL_FORMATS:
-        raise ValueError(f"tool_format must be one of {', '.join(TOOL_FORMATS)}: {tool_format!r}")
-    if tool_format == "auto":
-        tool_format = detect_format(template_source)
-    if tool_format == "hermes":
-        return HermesParser(starts_in_think=starts_in_think)
-    if tool_format == "mistral":
-        return MistralParser(starts_in_think=starts_in_think)
-    if tool_format == "llama3":
-        return Llama3Parser(starts_in_think=starts_in_think)
-    return NoToolsParser(starts_in_think=starts_in_think)
-
-
-def detect_format(template_source: str) -> str:
-    """The tool format a chat template writes, tried in this order: "mistral" when it
-    mentions `[TOOL_CALLS]`; "llama3" when it mentions `<|python_tag|>`, or `"parameters"`
-    together with the `ipython` role (a Llama 3 template that never writes the tag); "hermes"
-    when it mentions `<tool_call>`; else "none"."""
-    if "[TOOL_CALLS]" in template_source:
-        return "mistral"
-    if "<|python_tag|>" in template_source or (
-        '"parameters"' in template_source and "ipython" in template_source
-    ):
-        return "llama3"
-    if CALL_OPEN in template_source:
-        return "hermes"
-    return "none"
 
 
 # ---- helpers shared with parsers_json.py
