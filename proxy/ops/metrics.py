@@ -10,10 +10,11 @@ route templates rather than paths.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from ..core.tokens.chain import DIVERGENCES
@@ -63,8 +64,14 @@ class _StateCollector(Collector):
         return self._read()
 
 
+_Family = TypeVar("_Family", bound=MetricWrapperBase)
+
+
 class Metrics:
     def __init__(self) -> None:
+        # labelled children kept (`labelled`): looking one up is a locked dict access and a
+        # tuple build in prometheus_client, paid several times per turn otherwise
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.connections = Counter(
@@ -218,6 +225,14 @@ class Metrics:
             "wsmode_connections_open", "WebSocket connections open now.", registry=r
         )
         self.draining = Gauge("wsmode_draining", "1 while the server is draining.", registry=r)
+
+    def labelled(self, family: _Family, *values: str) -> _Family:
+        """`family.labels(*values)`, looked up once and kept."""
+        key = (id(family), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = family.labels(*values)
+        return cast(_Family, child)
 
     def add_state(self, read: Callable[[], Iterable[Metric]]) -> None:
         """Register a function read at scrape time that yields metric families."""

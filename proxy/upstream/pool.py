@@ -264,7 +264,10 @@ class UpstreamPool:
         up = self.available()
         pool = up or self.replicas  # nothing available: try every one anyway
         home = self.by_name.get(route.replica) if route.replica is not None else None
-        ranked = [self.by_name[n] for n in rendezvous((r.name for r in pool), route.chain)]
+        if len(pool) == 1:  # one replica: its rank needs no hashing
+            ranked = list(pool)
+        else:
+            ranked = [self.by_name[n] for n in rendezvous((r.name for r in pool), route.chain)]
         if home is not None and home in pool:
             return [home, *(r for r in ranked if r is not home)], "hit"
         loads, spilled = bounded([r.load() for r in ranked], self.settings.load_bound)
