@@ -5,7 +5,6 @@ a time and randomly chunked, and on the text a real base model wrote (../shared/
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
@@ -19,7 +18,6 @@ from wsmode.core.tokens.parsers import (
     CallPiece,
     HermesParser,
     NoToolsParser,
-    OutputParser,
     Piece,
     ReasoningEnd,
     ReasoningPiece,
@@ -27,8 +25,7 @@ from wsmode.core.tokens.parsers import (
 )
 
 from tests.support.chat_streams import TRANSCRIPTS, chunks_of
-
-Make = Callable[[], OutputParser]
+from tests.support.parser_pieces import Make, fed, joined
 
 WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 # Qwen3-style: reasoning, a message, two calls (the second's arguments a JSON string), junk
@@ -59,33 +56,6 @@ SAMPLES: list[tuple[str, Make]] = [
     (SAMPLE, NoToolsParser),
     (SAMPLE, lambda: HermesParser(think=False)),
 ]
-
-
-def joined(pieces: Iterable[Piece]) -> list[Piece]:
-    """Adjacent text (and reasoning) deltas as one piece: what a client sees in the end."""
-    out: list[Piece] = []
-    for piece in pieces:
-        if isinstance(piece, ReasoningEnd):  # a boundary, not content: its own test below
-            continue
-        assert not isinstance(piece, TextPiece | ReasoningPiece) or piece.text, "empty delta"
-        last = out[-1] if out else None
-        if isinstance(piece, TextPiece) and isinstance(last, TextPiece):
-            out[-1] = TextPiece(last.text + piece.text)
-        elif isinstance(piece, ReasoningPiece) and isinstance(last, ReasoningPiece):
-            out[-1] = ReasoningPiece(last.text + piece.text)
-        else:
-            out.append(piece)
-    return out
-
-
-def fed(make: Make, fragments: Iterable[str]) -> tuple[list[Piece], bool]:
-    """The joined pieces of `fragments` fed in order, then the end; and `after_calls_text`."""
-    parser = make()
-    pieces: list[Piece] = []
-    for fragment in fragments:
-        pieces += parser.feed(fragment)
-    pieces += parser.end()
-    return joined(pieces), parser.after_calls_text
 
 
 def whole(text: str, make: Make = HermesParser) -> list[Piece]:

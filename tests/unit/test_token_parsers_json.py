@@ -5,7 +5,7 @@ object, tested whole, at every split, one character at a time and randomly chunk
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -24,7 +24,7 @@ from wsmode.core.tokens.parsers import (
 )
 from wsmode.core.tokens.parsers_json import Llama3Parser, MistralParser
 
-Make = Callable[[], OutputParser]
+from tests.support.parser_pieces import Make, fed
 
 PARIS = CallPiece("get_weather", '{"city":"Paris"}')
 ROME = CallPiece("get_weather", '{"city":"Rome"}')
@@ -84,33 +84,6 @@ SAMPLES: list[tuple[str, Make]] = [
     ),
     ("Hi {not a call} <|python_tag|>brave_search.call(query='x')", Llama3Parser),
 ]
-
-
-def joined(pieces: Iterable[Piece]) -> list[Piece]:
-    """Adjacent text (and reasoning) deltas as one piece: what a client sees in the end."""
-    out: list[Piece] = []
-    for piece in pieces:
-        if isinstance(piece, ReasoningEnd):
-            continue
-        assert not isinstance(piece, TextPiece | ReasoningPiece) or piece.text, "empty delta"
-        last = out[-1] if out else None
-        if isinstance(piece, TextPiece) and isinstance(last, TextPiece):
-            out[-1] = TextPiece(last.text + piece.text)
-        elif isinstance(piece, ReasoningPiece) and isinstance(last, ReasoningPiece):
-            out[-1] = ReasoningPiece(last.text + piece.text)
-        else:
-            out.append(piece)
-    return out
-
-
-def fed(make: Make, fragments: Iterable[str]) -> tuple[list[Piece], bool]:
-    """The joined pieces of `fragments` fed in order, then the end; and `after_calls_text`."""
-    parser = make()
-    pieces: list[Piece] = []
-    for fragment in fragments:
-        pieces += parser.feed(fragment)
-    pieces += parser.end()
-    return joined(pieces), parser.after_calls_text
 
 
 def mistral(text: str) -> list[Piece]:
