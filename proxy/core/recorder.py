@@ -43,11 +43,13 @@ class Recorder:
         context: ContextManager | None,
         *,
         stores: bool,
+        token_path: bool = False,
     ) -> None:
         self.cache = cache
         self.owner = owner  # the credential scope of the store and of compaction items
         self.context = context
         self.stores = stores  # there is a response store (`store.enabled`)
+        self.token_path = token_path  # responses keep token ids (core/tokens/)
 
     def remember(
         self,
@@ -105,7 +107,7 @@ class Recorder:
     def _warmup_tokens(self, run: Run) -> TokenTurn | None:
         """A run that did not go to the model (a warmup) keeps its parent's ids; at a
         conversation's start, the mark that there are none yet (not that they were lost)."""
-        if run.req.generate:
+        if run.req.generate or not self.token_path:
             return None
         parent = run.parent
         if parent is None:

@@ -90,6 +90,7 @@ from .recorder import Recorder
 from .request import check_stream_id
 from .runs import Run, RunState, cancel_target, streaming
 from .steering import Steering, at_boundary
+from .tokens.dialect import TokenDialect
 
 
 @dataclass
@@ -117,7 +118,13 @@ class Session(RunDriver):
         check = partial(self.context.validate, owner=self.owner) if self.context else None
         self.admission = Admission(self.limits, self.memory, check)
         self.planner = Planner(self.context, self.chain_key)
-        self.recorder = Recorder(self.cache, self.owner, self.context, stores=self.stores)
+        self.recorder = Recorder(
+            self.cache,
+            self.owner,
+            self.context,
+            stores=self.stores,
+            token_path=isinstance(self.policy.dialect, TokenDialect),
+        )
         self.steering = Steering(
             self.cache,
             enabled=self.limits.steering,
