@@ -35,23 +35,35 @@ log = logging.getLogger("wsmode.upstream")
 
 PROBE_TIMEOUT = 5.0  # seconds per request of the probe
 RETRY_SECONDS = 3.0  # between attempts while the server is not there
+_JSON = {"Content-Type": "application/json"}
 
 
 class NotReady(Exception):
     """Why the token path cannot start yet (shown in /readyz and in turns' errors)."""
 
 
-async def _get(client: UpstreamClient, url: str) -> dict[str, Any] | None:
-    """The JSON object `GET url` answers with 200, else None."""
+async def _fetch(client: UpstreamClient, url: str, body: bytes | None = None) -> tuple[int, bytes]:
+    """`GET url`, or `POST` `body` as JSON: its status and body. Raises NotReady when the
+    server does not answer in time."""
     assert client.session is not None
     timeout = aiohttp.ClientTimeout(total=min(PROBE_TIMEOUT, client.settings.connect_timeout))
+    method, headers = ("GET", None) if body is None else ("POST", _JSON)
     try:
-        async with client.session.get(url, timeout=timeout) as resp:
-            if resp.status != 200:
-                return None
-            doc = wire.loads(await resp.read())
+        async with client.session.request(
+            method, url, data=body, headers=headers, timeout=timeout
+        ) as resp:
+            return resp.status, await resp.read()
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         raise NotReady(f"{redact_url(url)} did not answer ({describe(exc)})") from None
+
+
+async def _get(client: UpstreamClient, url: str) -> dict[str, Any] | None:
+    """The JSON object `GET url` answers with 200, else None."""
+    status, body = await _fetch(client, url)
+    if status != 200:
+        return None
+    try:
+        doc = wire.loads(body)
     except wire.JSONDecodeError:
         return None
     return doc if isinstance(doc, dict) else None
@@ -104,21 +116,10 @@ async def _served_model(client: UpstreamClient, base: str) -> tuple[str | None, 
 
 
 async def _tokenize(client: UpstreamClient, root: str, engine: TokenEngine, text: str) -> list[int]:
-    assert client.session is not None
-    timeout = aiohttp.ClientTimeout(total=min(PROBE_TIMEOUT, client.settings.connect_timeout))
     url = root + engine.tokenize_path
-    try:
-        async with client.session.post(
-            url,
-            data=engine.tokenize_body(text),
-            headers={"Content-Type": "application/json"},
-            timeout=timeout,
-        ) as resp:
-            body = await resp.read()
-            if resp.status != 200:
-                raise NotReady(f"{redact_url(url)} answered {resp.status}")
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        raise NotReady(f"{redact_url(url)} did not answer ({describe(exc)})") from None
+    status, body = await _fetch(client, url, engine.tokenize_body(text))
+    if status != 200:
+        raise NotReady(f"{redact_url(url)} answered {status}")
     try:
         return engine.tokenize_ids(body)
     except UpstreamError as exc:
