@@ -220,6 +220,7 @@ class UpstreamClient:
             "Accept-Encoding": "identity",
             **headers,
         }
+        self._outgoing_headers(send)  # what the session's middleware does for other requests
         base = self.base_url if base_url is None else base_url
         if path.startswith(ROOT):  # the server's own endpoint, beside its /v1 API
             base, path = server_root(base), path[len(ROOT) :]
@@ -260,12 +261,15 @@ class UpstreamClient:
         and is safe to send again on a new connection. Refused connections, timeouts and
         anything after the answer began are not retried."""
         assert self.session is not None
-        send = dict(headers)
-        self._outgoing_headers(send)
-        # what the session's middlewares do (`middlewares`), without building their chain
-        # for every model call: aiohttp builds it per request, a cost the hot path need not pay
+        # the session's middlewares' work is done here (`stream` set the credential, a
+        # redirect is refused below) without aiohttp building their chain per model call
         post = partial(
-            self.session.post, url, data=body, headers=send, allow_redirects=False, middlewares=()
+            self.session.post,
+            url,
+            data=body,
+            headers=headers,
+            allow_redirects=False,
+            middlewares=(),
         )
         try:
             resp = await post()
