@@ -143,7 +143,10 @@ async def test_out_of_descriptors_the_proxy_backs_off_and_recovers(tmp_path: Pat
     and /healthz answers while the flood is still connected."""
     port = free_port()
     log = tmp_path / "err.log"
-    with wsmode_serve(port, log, 256, "upstream.max_connections=16", "server.header_timeout=1"):
+    # the timeout is long enough that no socket of the flood is freed before the last one
+    # arrives, even when this machine is slow to accept them
+    timeout = f"server.header_timeout={seconds(5):g}"
+    with wsmode_serve(port, log, 256, "upstream.max_connections=16", timeout):
         base = f"http://127.0.0.1:{port}"
         await wait_healthy(base)
         flood = await open_raw(port, b"", 300)
