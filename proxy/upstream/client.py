@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from functools import partial
 
 import aiohttp
+from yarl import URL
 
 from ..config import UpstreamSettings
 from ..core.errors import UpstreamError, upstream_http_error, upstream_redirect
@@ -142,6 +143,7 @@ class UpstreamClient:
         self.base_url = base_url.rstrip("/")
         self.settings = settings
         self.session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, URL] = {}  # each endpoint's URL, parsed once, not per request
         self.gate = UpstreamGate(
             settings.max_connections, settings.max_queued_requests, settings.queue_timeout
         )
@@ -228,7 +230,7 @@ class UpstreamClient:
             if on_sent is not None:
                 on_sent()
             try:
-                resp = await self._post(base + path, body, send)
+                resp = await self._post(self._url(base + path), body, send)
                 if resp.status != 200:
                     try:
                         body = await self._error_body(resp)
@@ -251,8 +253,17 @@ class UpstreamClient:
                 else:
                     resp.close()
 
+    def _url(self, url: str) -> URL:
+        """`url` parsed, once per endpoint (a replica's responses, chat or token path)."""
+        parsed = self._urls.get(url)
+        if parsed is None:
+            if len(self._urls) >= 256:  # bounded: replicas come and go
+                self._urls.clear()
+            parsed = self._urls[url] = URL(url)
+        return parsed
+
     async def _post(
-        self, url: str, body: bytes, headers: Mapping[str, str]
+        self, url: URL, body: bytes, headers: Mapping[str, str]
     ) -> aiohttp.ClientResponse:
         """POST, once more if a pooled keep-alive connection turned out to be closed.
 
@@ -335,6 +346,8 @@ class UpstreamClient:
         """Read what follows the terminal event (a `[DONE]`) so the connection can be reused.
 
         Bounded in bytes and time. True when the body ended cleanly."""
+        if resp.content.at_eof():  # it all came with the terminal event: no timer needed
+            return True
         budget = 64 * 1024
         try:
             async with asyncio.timeout(1.0):

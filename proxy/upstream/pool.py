@@ -259,6 +259,8 @@ class UpstreamPool:
     def order(self, route: Route | None) -> tuple[list[Replica], str | None]:
         """The replicas to try for a request, first choice first, and the affinity outcome
         (None when affinity does not apply)."""
+        if len(self.replicas) == 1:  # nothing to choose between: only the outcome to name
+            return [self.replicas[0]], self._only_outcome(route)
         if route is None or self.settings.affinity == "none":
             return self.least_loaded(), None
         up = self.available()
@@ -277,6 +279,14 @@ class UpstreamPool:
             outcome = "moved"
         rest = [r for r in self.replicas if r not in chosen]
         return chosen + rest, outcome
+
+    def _only_outcome(self, route: Route | None) -> str | None:
+        """`order`'s affinity outcome when there is one replica (it is every chain's home)."""
+        if route is None or self.settings.affinity == "none":
+            return None
+        if route.replica is None:
+            return "new"
+        return "hit" if self.by_name.get(route.replica) is self.replicas[0] else "moved"
 
     def pick(self) -> Replica:
         """A replica for a request that is not a turn: the least-loaded available one."""
@@ -297,10 +307,16 @@ class UpstreamPool:
         answered and its chunks. A replica that cannot be connected to passes the request
         to the next one; any other failure is raised as the client raises it."""
         order, outcome = self.order(route)
-        send = dict(headers)
+        send = headers
         name = self.settings.session_header
         if name and route is not None:
-            send[name] = route.chain
+            send = {**headers, name: route.chain}
+        if len(order) == 1:  # one replica: no failover to set up
+            async with self._on(order[0], path, body, send, on_sent) as chunks:
+                if outcome is not None:
+                    self.affinity[outcome] += 1
+                yield order[0], chunks
+            return
         async with AsyncExitStack() as stack:
             for attempt, replica in enumerate(order):
                 try:
