@@ -8,8 +8,8 @@ actions that come back are carried out here, in order, by one exhaustive `match`
 (proxy/core/actions.py). What differs between the fronts is a handful of hooks (`Front`): how
 frames reach the client, how a run's upstream request is started and cancelled, and closing.
 
-- `Send`: consecutive frames go to the front together (`Front.send`), so one upstream chunk's
-  frames go out in as few writes as the front's bounds allow.
+- `Send` and `Relay`: consecutive frames go to the front together (`Front.send`), so one
+  upstream chunk's frames go out in as few writes as the front's bounds allow.
 - `StartUpstream` / `Summarise` / `LoadStored`: the front starts the work (`Front.start`: a task
   of the connection, or the HTTP handler's next step), which runs here: `run` feeds the upstream
   runner's events (proxy/upstream/runner.py) to the session one by one and leaves the stream
@@ -40,6 +40,7 @@ from .core.actions import (
     CountTokens,
     Finished,
     LoadStored,
+    Relay,
     RunCreated,
     SaveStored,
     Send,
@@ -79,9 +80,10 @@ class Leave(enum.IntEnum):
 class Front(Protocol):
     """What a front supplies to the executor."""
 
-    async def send(self, sends: list[Send], run_id: int | None) -> None:
-        """Write events to the client in order; for a run's events (`run_id`), may raise
-        the front's own exception when the client stopped reading."""
+    async def send(self, sends: list[Send | bytes], run_id: int | None) -> None:
+        """Write events to the client in order (a `Send`, or a relayed frame's bytes); for
+        a run's events (`run_id`), may raise the front's own exception when the client
+        stopped reading."""
 
     def start(self, run_id: int, work: Callable[[], Awaitable[None]]) -> None:
         """Start a run's upstream work (a request, a summary, a store read)."""
@@ -137,10 +139,13 @@ class Executor:
         """Execute the actions in order. `run_id`: the run whose upstream events caused them;
         what they mean for its stream is returned."""
         leave = Leave.STAY
-        frames: list[Send] = []  # consecutive Sends go out together
+        frames: list[Send | bytes] = []  # consecutive frames go out together
         for action in actions:
             if isinstance(action, Send):
                 frames.append(action)
+                continue
+            if isinstance(action, Relay):
+                frames += action.frames
                 continue
             if frames:
                 await self._send(frames, run_id)
@@ -178,7 +183,7 @@ class Executor:
             await self._send(frames, run_id)
         return leave
 
-    async def _send(self, frames: list[Send], run_id: int | None) -> None:
+    async def _send(self, frames: list[Send | bytes], run_id: int | None) -> None:
         trace = self._relaying
         if trace is not None and trace.first_sent is None:
             trace.delivered()  # the upstream's first event is handed to the client's writer

@@ -13,6 +13,7 @@ silently dropped step. Actions that ask for something the core cannot do itself
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,25 @@ class Send:
     error: ProxyError | None = field(default=None, compare=False)
     seq: int | None = field(default=None, compare=False)
     final: dict[str, Any] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Relay:
+    """Upstream events for the client exactly as they came, nothing typed beside them: the
+    frames of one chunk's ordinary events, in one action instead of one `Send` each."""
+
+    frames: list[bytes]
+
+
+def frames_of(actions: Iterable[Action]) -> list[bytes]:
+    """The client's frames among `actions`, in order."""
+    out: list[bytes] = []
+    for action in actions:
+        if isinstance(action, Send):
+            out.append(action.frame)
+        elif isinstance(action, Relay):
+            out += action.frames
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +193,7 @@ class Summarise:
 
 Action = (
     Send
+    | Relay
     | RunCreated
     | StartUpstream
     | CancelUpstream
@@ -192,10 +213,12 @@ __all__ = [
     "Finished",
     "LoadStored",
     "Outcome",
+    "Relay",
     "Route",
     "RunCreated",
     "SaveStored",
     "Send",
     "StartUpstream",
     "Summarise",
+    "frames_of",
 ]

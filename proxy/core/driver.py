@@ -33,6 +33,7 @@ from .actions import (
     Finished,
     LoadStored,
     Outcome,
+    Relay,
     SaveStored,
     Send,
 )
@@ -59,17 +60,14 @@ from .plan import Planner
 from .policy import UpstreamPolicy
 from .recorder import Recorder
 from .routing import cached_tokens
+from .runs import ENDED as _ENDED
 from .runs import Run, RunState
-from .sse import SSEDecoder, SSEEvent
+from .sse import SSEDecoder
 from .steering import Steering, at_boundary, steered_response
 from .store import WriteResult
 
-IN_FLIGHT = frozenset(
-    {RunState.LOADING, RunState.COMPACTING, RunState.UPSTREAM, RunState.STREAMING, RunState.SAVING}
-)
 # outcomes whose run delivered what it carried (a steer's input included)
 _DELIVERED = frozenset({Outcome.COMPLETED, Outcome.INCOMPLETE, Outcome.WARMUP, Outcome.STEERED})
-_ENDED = frozenset({RunState.SAVING, RunState.DONE})
 
 
 class RunDriver:
@@ -92,18 +90,7 @@ class RunDriver:
     _runs: dict[int, Run]
     _queue: deque[Run]
     _busy_lanes: set[str | None]
-
-    @property
-    def queue(self) -> deque[Run]:
-        """The runs waiting to start, oldest first."""
-        return self._queue
-
-    def _queue_successor(self, run: Run) -> list[Action]:
-        """Queue a steer's automatic successor first in its lane (docs/protocol.md
-        "response.steer")."""
-        self._runs[run.id] = run
-        self._queue.appendleft(run)
-        return [run.created()]
+    _queue_successor: Callable[[Run], list[Action]]
 
     # ------------------------------------------------------------ start
 
@@ -253,21 +240,39 @@ class RunDriver:
         except UpstreamError as err:  # an event past the size bound (core/sse.py)
             return self._fail(run, err)
         out: list[Action] = []
+        stream = run.stream
+        assert stream is not None
+        # the common case, an event of a run already streaming on the default lane with no
+        # steer waiting: its frames go out as the translator returns them
+        plain = not run.steers and not run.seq_offset and run.req.lane is None
+        relayed: list[bytes] = []  # such frames in a row go out as one `Relay`
         for event in events:
-            out += self._event(run, event)
+            try:
+                sent = stream.feed(event)
+            except UpstreamError as err:
+                out += [Relay(relayed), *self._fail(run, err)] if relayed else self._fail(run, err)
+                relayed = []
+                break
+            streaming = run.state is RunState.STREAMING and stream.outcome is None
+            if plain and streaming and stream.response_id == run.response_id:
+                relayed += sent
+                continue
+            if relayed:
+                out.append(Relay(relayed))
+                relayed = []
+            out += self._fed(run, sent)
             if run.state in _ENDED:
                 break
+        if relayed:
+            out.append(Relay(relayed))
         if run.tokens is not None and run.tokens.cut_short:  # the rest is not wanted: stop it
             out.append(CancelUpstream(run.id))
         return out
 
-    def _event(self, run: Run, event: SSEEvent) -> list[Action]:
+    def _fed(self, run: Run, sent: list[bytes]) -> list[Action]:
+        """The translator's frames for one event, and what they start or end."""
         stream = run.stream
         assert stream is not None
-        try:
-            sent = stream.feed(event)
-        except UpstreamError as err:
-            return self._fail(run, err)
         rid = stream.response_id
         if rid is not None and rid != run.response_id:  # the upstream named it (once a run)
             seen, run.response_id = run.response_id, rid
@@ -294,9 +299,8 @@ class RunDriver:
         """The translator's frames as the client gets them; at the terminal one, the end."""
         stream = run.stream
         assert stream is not None
-        if run.seq_offset or run.req.lane is not None:
-            sent = [run.lane_frame(f) for f in sent]
-        sends = [Send(f) for f in sent]
+        lanes = run.seq_offset or run.req.lane is not None
+        sends = [Send(run.lane_frame(f) if lanes else f) for f in sent]
         if stream.outcome is not None:
             if sends:
                 self._final(run, sends[-1])
@@ -493,4 +497,4 @@ class RunDriver:
         return out
 
 
-__all__ = ["IN_FLIGHT", "RunDriver"]
+__all__ = ["RunDriver"]

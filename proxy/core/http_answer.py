@@ -267,13 +267,20 @@ class HttpAnswer:
         start, self.started = not self.started, True
         return Write(sse(kind, data), start)
 
-    def batch(self, sends: Iterable[Send]) -> list[Write]:
+    def batch(self, sends: Iterable[Send | bytes]) -> list[Write]:
         """A batch of the proxy's own events (one upstream chunk's), in one call: a write for
-        each event that goes out, the first with `start` when the event stream starts."""
+        each event that goes out, the first with `start` when the event stream starts. A
+        relayed frame (bytes) has nothing typed beside it."""
         writes: list[Write] = []
         for send in sends:
-            kind = wire.event_type(send.frame) or "message"
-            write = self.sent(kind, send.frame, error=send.error, seq=send.seq, final=send.final)
+            if isinstance(send, bytes):
+                kind = wire.event_type(send) or "message"
+                write = self.sent(kind, send)
+            else:
+                kind = wire.event_type(send.frame) or "message"
+                write = self.sent(
+                    kind, send.frame, error=send.error, seq=send.seq, final=send.final
+                )
             if write is not None:
                 writes.append(write)
         return writes

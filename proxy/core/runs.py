@@ -68,8 +68,15 @@ class RunState(enum.Enum):
     SAVING = "saving"  # ended; its write to the response store is awaited (SaveStored)
     DONE = "done"
 
+    # members are singletons compared by identity: hash them so too (Enum's own hash is a
+    # Python function, and a state is looked up in a set for every upstream event)
+    __hash__ = object.__hash__
+
 
 _S = RunState
+# a run that reads no more upstream events; one whose work is in flight
+ENDED = frozenset({_S.SAVING, _S.DONE})
+IN_FLIGHT = frozenset({_S.LOADING, _S.COMPACTING, _S.UPSTREAM, _S.STREAMING, _S.SAVING})
 TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     _S.QUEUED: frozenset({_S.LOADING, _S.COMPACTING, _S.UPSTREAM, _S.SAVING, _S.DONE}),
     _S.LOADING: frozenset({_S.COMPACTING, _S.UPSTREAM, _S.SAVING, _S.DONE}),
@@ -201,6 +208,8 @@ def cancel_target(runs: Iterable[Run], response_id: object, lane: str | None) ->
 
 
 __all__ = [
+    "ENDED",
+    "IN_FLIGHT",
     "TRANSITIONS",
     "IllegalTransition",
     "Run",

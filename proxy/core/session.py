@@ -59,7 +59,7 @@ from .api_objects import lifecycle_event, response_object
 from .compacting import Compacting
 from .context.manager import ContextManager
 from .conversation import ResponseCache
-from .driver import IN_FLIGHT, RunDriver
+from .driver import RunDriver
 from .errors import ClientError, ClientTooSlow, ServerDraining, ServerShuttingDown
 from .events import (
     ClientGone,
@@ -88,7 +88,7 @@ from .plan import Planner
 from .policy import SessionLimits, UpstreamPolicy
 from .recorder import Recorder
 from .request import check_stream_id
-from .runs import Run, RunState, cancel_target, streaming
+from .runs import IN_FLIGHT, Run, RunState, cancel_target, streaming
 from .steering import Steering, at_boundary
 from .tokens.dialect import TokenDialect
 
@@ -136,6 +136,18 @@ class Session(RunDriver):
         self.expiring = False  # the connection lifetime is over: finish, then close
         self.draining = False  # the server drains: no new creates
         self.closed = False
+
+    @property
+    def queue(self) -> deque[Run]:
+        """The runs waiting to start, oldest first."""
+        return self._queue
+
+    def _queue_successor(self, run: Run) -> list[Action]:
+        """Queue a steer's automatic successor first in its lane (docs/protocol.md
+        "response.steer")."""
+        self._runs[run.id] = run
+        self._queue.appendleft(run)
+        return [run.created()]
 
     # ------------------------------------------------------------ the one entry
 

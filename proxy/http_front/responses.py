@@ -162,7 +162,7 @@ class HttpExchange:
     def leaving(self) -> bool:
         return self.cut  # a cut that came while a batch was written takes effect after it
 
-    async def send(self, sends: list[Send], run_id: int | None) -> None:
+    async def send(self, sends: list[Send | bytes], run_id: int | None) -> None:
         """A batch is written whole: a cut that comes meanwhile waits for its end."""
         writes = self.answer.batch(sends)
         if not writes:

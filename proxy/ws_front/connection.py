@@ -270,8 +270,8 @@ class ClientConnection:
     def leaving(self) -> bool:
         return False
 
-    async def send(self, sends: list[Send], run_id: int | None) -> None:
-        await self._send([s.frame for s in sends], run_id)
+    async def send(self, sends: list[Send | bytes], run_id: int | None) -> None:
+        await self._send([s if isinstance(s, bytes) else s.frame for s in sends], run_id)
 
     async def _work(self, run_id: int, work: Callable[[], Awaitable[None]]) -> None:
         try:

@@ -18,9 +18,9 @@ from wsmode.core.actions import (
     Finished,
     LoadStored,
     SaveStored,
-    Send,
     StartUpstream,
     Summarise,
+    frames_of,
 )
 from wsmode.core.context.manager import ContextManager, ContextSettings
 from wsmode.core.context.sealing import Sealer
@@ -77,7 +77,7 @@ def create(s: Session, **fields: Any) -> list[Action]:
 
 
 def sends(actions: Iterable[Action]) -> list[dict[str, Any]]:
-    return [orjson.loads(a.frame) for a in actions if isinstance(a, Send)]
+    return [orjson.loads(frame) for frame in frames_of(actions)]
 
 
 def starts(actions: Iterable[Action]) -> list[StartUpstream]:

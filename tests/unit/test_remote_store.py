@@ -8,7 +8,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 import orjson
-from wsmode.core.actions import Action, Finished, LoadStored, SaveStored, Send, Summarise
+from wsmode.core.actions import (
+    Action,
+    Finished,
+    LoadStored,
+    Relay,
+    SaveStored,
+    Send,
+    Summarise,
+)
 from wsmode.core.context.manager import SummaryResult
 from wsmode.core.conversation import NO_CALLS, CachedResponse, Segment, index_calls
 from wsmode.core.events import ClientMessage
@@ -58,7 +66,7 @@ def test_a_stored_turn_is_written_before_its_terminal_event_is_sent() -> None:
     kinds = [
         "save" if isinstance(a, SaveStored) else sends([a])[0]["type"]
         for a in out
-        if isinstance(a, SaveStored | Send)
+        if isinstance(a, SaveStored | Send | Relay)
     ]
     assert kinds[-2:] == ["save", "response.completed"]
     assert save.stored.entry.id == rid and save.owner == "anonymous"

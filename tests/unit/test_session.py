@@ -12,6 +12,7 @@ from wsmode.core.actions import (
     Finished,
     RunCreated,
     Send,
+    frames_of,
 )
 from wsmode.core.errors import UpstreamError
 from wsmode.core.events import (
@@ -90,7 +91,7 @@ def test_events_forwarded_in_order_on_default_lane() -> None:
     assert [f["sequence_number"] for f in frames] == list(range(len(events)))
     assert all("stream_id" not in f for f in frames)
     # delta events are forwarded as the very bytes the upstream wrote
-    raw = [a.frame for a in actions if isinstance(a, Send)]
+    raw = frames_of(actions)
     for ev, frame in zip(events, raw, strict=True):
         if ev["type"] == "response.output_text.delta":
             assert frame == orjson.dumps(ev)

@@ -98,7 +98,9 @@ class ResponsesStream:
         data = event.data
         if data == b"[DONE]":
             return []
-        kind = event.event if event.event and event.event != "message" else None
+        kind = event.event or None
+        if kind == "message":
+            kind = None
         if self._first or self._repair is not None:
             return self._maybe_repair(data, kind)
         if kind is None or kind in _PARSED:
@@ -106,7 +108,12 @@ class ResponsesStream:
         # the hot path: the body is parsed to check it (one JSON object, UTF-8, of the type
         # its `event:` line names) and the parse is dropped: the bytes go out as they came
         data = data.strip()
-        self._check(data, kind)
+        try:
+            ev = wire.loads(data)
+        except wire.JSONDecodeError as exc:
+            raise _not_json(kind, exc) from None
+        if type(ev) is not dict or ev.get("type") != kind:
+            raise _mislabelled(kind, ev)
         self._unread = data
         return [data]
 
@@ -139,22 +146,6 @@ class ResponsesStream:
         self.response_id, self.response = repair.response_id, repair.response
         self.outcome, self.output = repair.outcome, repair.output
         return out
-
-    @staticmethod
-    def _check(data: bytes, kind: str) -> None:
-        """A forwarded event must be what its `event:` line says: one JSON object (valid
-        UTF-8) whose `type` is `kind`. Its result is dropped: the bytes go out as they came."""
-        try:
-            ev = wire.loads(data)
-        except wire.JSONDecodeError as exc:
-            what = "UTF-8" if "UTF-8" in str(exc) else "JSON"
-            raise UpstreamError(
-                f"upstream sent a {kind} event that is not {what}",
-                started=True,
-                code="upstream_protocol_error",
-            ) from None
-        if type(ev) is not dict or ev.get("type") != kind:
-            raise _mislabelled(kind, ev)
 
     @staticmethod
     def _decode(data: bytes, kind: str | None) -> dict[str, Any]:
@@ -232,6 +223,16 @@ class ResponsesStream:
             param=inner.get("param") if isinstance(inner.get("param"), str) else None,
             type=etype if isinstance(etype, str) else "server_error",
         )
+
+
+def _not_json(kind: str, exc: wire.JSONDecodeError) -> UpstreamError:
+    """A forwarded event must be one JSON object in valid UTF-8."""
+    what = "UTF-8" if "UTF-8" in str(exc) else "JSON"
+    return UpstreamError(
+        f"upstream sent a {kind} event that is not {what}",
+        started=True,
+        code="upstream_protocol_error",
+    )
 
 
 def _mislabelled(kind: str, ev: object) -> UpstreamError:
