@@ -176,20 +176,20 @@ def _echo(key: str, value: Any) -> Any:
     return value
 
 
-def complete_response(resp: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+def echo_template(request: dict[str, Any]) -> dict[str, Any]:
+    """What `complete_response` fills from: the response object `request` echoes, made
+    once per response rather than for each of its lifecycle events."""
+    return response_object(response_id="", request=request, status="in_progress", created_at=0)
+
+
+def complete_response(resp: dict[str, Any], template: dict[str, Any]) -> dict[str, Any]:
     """Fill, in place, what an upstream's response object lacks of the fields the
-    Responses schema requires: from the client's `request` as `response_object` echoes it,
+    Responses schema requires: from the client's request as `echo_template` echoes it,
     tools and reasoning completed, usage completed. A value the upstream sent is never
     changed (fields are only added), so its echo of a setting still wins."""
-    full = response_object(
-        response_id=str(resp.get("id") or ""),
-        request=request,
-        status=str(resp.get("status") or "in_progress"),
-        created_at=0,
-    )
-    for key, value in full.items():
-        if key not in resp:
-            resp[key] = value
+    for key, value in template.items():
+        if key not in resp:  # a copy: the template serves the response's next event too
+            resp[key] = value.copy() if isinstance(value, dict | list) else value
     resp["tools"] = echoed_tools(resp["tools"])
     if isinstance(resp["reasoning"], dict):  # an upstream's `null` stays null
         resp["reasoning"] = echoed_reasoning(resp["reasoning"])

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import wire
-from ..api_objects import TERMINAL_TYPES, complete_response
+from ..api_objects import TERMINAL_TYPES, complete_response, echo_template
 from ..errors import UpstreamError
 from ..ids import new_id as mint_id
 from ..request import upstream_body
@@ -71,6 +71,7 @@ class ResponsesStream:
         self._unread: bytes | None = None  # a later forwarded event, its number not yet read
         self._open = 0  # output_item.added not yet matched by .done
         self._items: dict[int, Any] = {}  # output_item.done items by output_index
+        self._template: dict[str, Any] | None = None  # what the echo fills in (made once)
 
     @property
     def last_seq(self) -> int:
@@ -195,7 +196,9 @@ class ResponsesStream:
         if not isinstance(resp, dict):
             raise UpstreamError(f"upstream {kind} event has no response object", started=True)
         resp.update(self._patch)
-        complete_response(resp, self._request)  # fields the upstream's echo left out
+        if self._template is None:
+            self._template = echo_template(self._request)
+        complete_response(resp, self._template)  # fields the upstream's echo left out
         self.response = resp
         if isinstance(resp.get("id"), str):
             self.response_id = resp["id"]
