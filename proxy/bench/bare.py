@@ -6,9 +6,10 @@ byte, to `UPSTREAM/responses`, and writes each SSE event of the answer back as o
 limits, no metrics, no parsing of the JSON. The client must therefore send the whole history
 and `"stream": true` in every frame (the simulated model ignores the frame's `"type"` field).
 
-It runs on the same stack as wsmode (Python, aiohttp, the same SSE decoder), so what it costs
-is this stack's floor on this machine: the bench reports wsmode's rates, times and CPU as
-ratios to it, measured in the same run (docs/bench.md).
+It runs on the same stack as wsmode (Python, aiohttp, the same SSE decoder, the same tuning
+of the garbage collector), so what it costs is this stack's floor on this machine: the bench
+reports wsmode's rates, times and CPU as ratios to it, measured in the same run
+(docs/bench.md).
 
 Run as `python -m wsmode.bench.bare --port PORT --upstream http://HOST:PORT/v1`.
 """
@@ -22,6 +23,7 @@ import aiohttp
 from aiohttp import web
 
 from ..core.sse import SSEDecoder
+from ..serve import tune_collector
 
 MAX_BYTES = 256 * 1024 * 1024  # frames and events: as large as the bench sends
 UPSTREAM = web.AppKey("upstream", str)
@@ -72,7 +74,9 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--upstream", required=True, help="the model's base URL, e.g. .../v1")
     args = ap.parse_args()
-    web.run_app(app(args.upstream), host=args.host, port=args.port, print=None)
+    application = app(args.upstream)
+    tune_collector()  # the runtime wsmode runs with: the floor is this stack's, tuned alike
+    web.run_app(application, host=args.host, port=args.port, print=None)
 
 
 if __name__ == "__main__":
