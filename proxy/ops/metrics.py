@@ -9,6 +9,7 @@ route templates rather than paths.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -64,6 +65,28 @@ class _StateCollector(Collector):
         return self._read()
 
 
+class LoopCounter:
+    """An unlabelled counter that only the event loop's thread updates: a plain number, read
+    when /metrics is scraped. prometheus_client's `Counter` takes a lock on every `inc`,
+    and these count every upstream chunk and every write to a client. Exposed exactly as a
+    `Counter` is (`NAME_total` and `NAME_created`)."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.value = 0.0
+        self._created = time.time()
+        registry.register(_StateCollector(self._collect))
+
+    def inc(self, amount: float = 1) -> None:
+        self.value += amount
+
+    def _collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation)
+        family.add_metric([], self.value, created=self._created)
+        yield family
+
+
 _Family = TypeVar("_Family", bound=MetricWrapperBase)
 
 
@@ -108,23 +131,23 @@ class Metrics:
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
-        self.client_bytes = Counter(
+        self.client_bytes = LoopCounter(
             "wsmode_client_bytes_received",
             "Bytes of requests received from clients (WebSocket frames and HTTP bodies).",
             registry=r,
         )
-        self.upstream_bytes_sent = Counter(
+        self.upstream_bytes_sent = LoopCounter(
             "wsmode_upstream_bytes_sent",
             "Bytes of model requests sent upstream; compare with client bytes received to "
             "see what the conversation cache saved clients.",
             registry=r,
         )
-        self.upstream_bytes_received = Counter(
+        self.upstream_bytes_received = LoopCounter(
             "wsmode_upstream_bytes_received",
             "Bytes of event streams received from the upstream.",
             registry=r,
         )
-        self.client_bytes_sent = Counter(
+        self.client_bytes_sent = LoopCounter(
             "wsmode_client_bytes_sent",
             "Bytes of events sent to WebSocket clients.",
             registry=r,

@@ -102,8 +102,12 @@ class UpstreamGate:
         self.waiting = 0
         self._sem = asyncio.Semaphore(limit) if limit > 0 else None
 
-    @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
+    def slot(self) -> UpstreamGate:
+        """`async with gate.slot():` holds one slot for the block (the gate is its own
+        context manager: no generator to make and step through for every request)."""
+        return self
+
+    async def __aenter__(self) -> None:
         sem = self._sem
         if sem is not None:
             if sem.locked():
@@ -125,12 +129,11 @@ class UpstreamGate:
             else:
                 await sem.acquire()
         self.active += 1
-        try:
-            yield
-        finally:
-            self.active -= 1
-            if sem is not None:
-                sem.release()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.active -= 1
+        if self._sem is not None:
+            self._sem.release()
 
 
 def request_body(pieces: list[bytes]) -> bytes:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Mapping
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
@@ -45,7 +45,7 @@ from ..core.sse import SSEDecoder
 from ..core.tokens.dialect import ROOT, TokenPrompt
 from .client import request_body
 from .moderation import Moderator
-from .pool import UpstreamPool
+from .pool import Replica, UpstreamPool
 
 log = logging.getLogger("wsmode.upstream")
 
@@ -108,7 +108,8 @@ class UpstreamCall:
         self.runner = runner
         self.start = start
         self.trace = trace
-        self._stack = AsyncExitStack()
+        self._request: AbstractAsyncContextManager[tuple[Replica, AsyncIterator[bytes]]] | None
+        self._request = None  # the pool's request, once it was made: left in __aexit__
         self._reports: AsyncIterator[Report] | None = None
         self._abandoned = False
 
@@ -130,7 +131,9 @@ class UpstreamCall:
             await reports.aclose()  # type: ignore[attr-defined]
         if kind is None and self._abandoned:
             kind, exc = _Abandoned, _Abandoned()
-        await self._stack.__aexit__(kind, exc, tb)
+        request, self._request = self._request, None
+        if request is not None:
+            await request.__aexit__(kind, exc, tb)
 
     def __aiter__(self) -> AsyncIterator[Report]:
         self._reports = self._run()
@@ -162,10 +165,10 @@ class UpstreamCall:
             if trace is not None:
                 trace.built(len(body))
         on_sent = trace.sent if trace is not None else None
+        request = runner.pool.stream(start.path, body, runner.headers, start.route, on_sent)
         try:
-            replica, chunks = await self._stack.enter_async_context(
-                runner.pool.stream(start.path, body, runner.headers, start.route, on_sent)
-            )
+            replica, chunks = await request.__aenter__()
+            self._request = request
         except UpstreamError as err:
             yield self._failed(err)
             return
