@@ -6,7 +6,8 @@ N conversations run at once, each M turns with a growing history (a shared instr
 prompt, then per turn a new user message of `turn_tokens` and the model's short answer),
 over K `wsmode sim` processes with the prefix-cache model on (sim/prefix_cache.py: prompt
 tokens not in a replica's LRU are prefilled at `prefill_tokens_per_second`, one request at a
-time per replica, before the first event). The contenders, each on fresh replicas:
+time per replica, before the first event). The contenders, each on fresh replicas (or, with
+`share_replicas`, on replicas started once: see `start_shared`):
 
 - `round-robin`: a round-robin HTTP balancer (bench/balancer.py) in front of the replicas,
   each turn a plain HTTP request carrying the full history, as users run today;

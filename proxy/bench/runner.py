@@ -139,10 +139,17 @@ def _method(plan: Plan, link: str, relay_loop: str) -> dict[str, Any]:
         "turn each (store: false)",
         "fairness": "another client's turns, one at a time, alone and while a separate process "
         "floods its own socket with small frames, interleaved; p50 flooded / p50 alone",
-        "affinity": "K `wsmode sim` replicas with the prefix-cache model, fresh for each "
-        "contender; N conversations at once, M turns each; round-robin HTTP balancer, wsmode "
-        "with affinity none and conversation, ideal (unbounded caches, each conversation on "
-        "one replica); TTFT = time to the first output delta (docs/bench-affinity.md)",
+        "affinity": "K `wsmode sim` replicas with the prefix-cache model, "
+        + (
+            "started once and shared (the ideal first, on empty caches; then each contender "
+            "with text of its own)"
+            if plan.affinity.share_replicas
+            else "fresh for each contender"
+        )
+        + "; N conversations at once, M turns each; round-robin HTTP balancer, wsmode "
+        "with affinity none and conversation, ideal (caches that evict nothing, each "
+        "conversation on one replica); TTFT = time to the first output delta "
+        "(docs/bench-affinity.md)",
         "tokens": "upstream.api chat and tokens, each its own wsmode and upstream; the same "
         "conversations (a long first turn, short continuations over WebSocket mode), sizes and "
         "paths interleaved; medians per continuation turn (docs/bench-tokens.md)",
