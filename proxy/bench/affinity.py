@@ -6,7 +6,8 @@ N conversations run at once, each M turns with a growing history (a shared instr
 prompt, then per turn a new user message of `turn_tokens` and the model's short answer),
 over K `wsmode sim` processes with the prefix-cache model on (sim/prefix_cache.py: prompt
 tokens not in a replica's LRU are prefilled at `prefill_tokens_per_second`, one request at a
-time per replica, before the first event). The contenders, each on fresh replicas:
+time per replica, before the first event). The contenders, each on fresh replicas (or, with
+`share_replicas`, on replicas started once: see `start_shared`):
 
 - `round-robin`: a round-robin HTTP balancer (bench/balancer.py) in front of the replicas,
   each turn a plain HTTP request carrying the full history, as users run today;
@@ -37,7 +38,16 @@ import orjson
 
 from ..core.sse import SSEDecoder
 from .clients import HEADERS, MAX_EVENT_BYTES, TERMINAL, event_type, ws_connect
-from .procs import BenchError, Server, Servers, free_port, sim_env, start_sim, wsmode_command
+from .procs import (
+    BenchError,
+    Server,
+    Servers,
+    free_port,
+    sim_env,
+    start_sim,
+    together,
+    wsmode_command,
+)
 from .stats import percentile
 
 CONTENDERS = ("round-robin", "wsmode-none", "wsmode-affinity", "ideal")
@@ -64,6 +74,10 @@ class AffinityProfile:
     cache_share: float = 1.5
     block_tokens: int = 16
     turn_timeout: float = 120.0  # seconds; a turn slower than this fails the contender
+    # False: fresh replicas for each contender. True: every process starts once, at once;
+    # the three bounded contenders take turns on the same replicas, each with text of its
+    # own (no prefix in common with what the caches hold, which the LRU then drops first)
+    share_replicas: bool = False
 
     def working_set_tokens(self) -> int:
         """About the tokens of every conversation's last prompt, added up."""
@@ -75,7 +89,17 @@ class AffinityProfile:
 
 
 DEFAULT = AffinityProfile()
-QUICK = AffinityProfile(conversations=16, turns=8, replicas=4, prefill_tokens_per_second=5000.0)
+QUICK = AffinityProfile(
+    # the full profile's regime (8 replicas, 16 turns, each cache 1.5x its even share) at
+    # half the conversations and five times the speed: prefill, first token and decoding all
+    # five times faster, so every turn keeps the full profile's proportions; every process
+    # starts once, side by side (docs/bench-affinity.md "The quick profile")
+    conversations=16,
+    prefill_tokens_per_second=12_500.0,
+    tokens_per_second=5_000.0,
+    ttft_ms=1.0,
+    share_replicas=True,
+)
 SMOKE = AffinityProfile(
     # an odd number of conversations over two replicas: a round-robin balancer then sends a
     # conversation's turns to each replica in turn (with four, each would stay on one)
@@ -174,18 +198,23 @@ async def _ws_turn(ws: aiohttp.ClientWebSocketResponse, frame: bytes) -> TurnRec
 Conversation = Callable[[aiohttp.ClientSession, int, AffinityProfile], Awaitable[list[TurnRecord]]]
 
 
-def http_conversation(url_of: Callable[[int], str]) -> Conversation:
+def _seed(tag: str, *seed: object) -> tuple[object, ...]:
+    """A text's seed; `tag` (a contender's name on shared replicas) makes its text its own."""
+    return (tag, *seed) if tag else seed
+
+
+def http_conversation(url_of: Callable[[int], str], tag: str = "") -> Conversation:
     """A conversation over plain HTTP: every turn carries the whole history, to
     `url_of(conversation)`."""
 
     async def converse(
         session: aiohttp.ClientSession, c: int, p: AffinityProfile
     ) -> list[TurnRecord]:
-        instructions = _text(p.instructions_tokens, "instructions")
+        instructions = _text(p.instructions_tokens, *_seed(tag, "instructions"))
         items: list[Any] = []
         out: list[TurnRecord] = []
         for t in range(p.turns):
-            items.append(_user(_text(p.turn_tokens, "conversation", c, "turn", t)))
+            items.append(_user(_text(p.turn_tokens, *_seed(tag, "conversation", c, "turn", t))))
             body = {"model": "sim", "instructions": instructions, "input": items, "stream": True}
             body["store"] = False
             turn = await asyncio.wait_for(
@@ -198,14 +227,14 @@ def http_conversation(url_of: Callable[[int], str]) -> Conversation:
     return converse
 
 
-def ws_conversation(url: str) -> Conversation:
+def ws_conversation(url: str, tag: str = "") -> Conversation:
     """A conversation over WebSocket mode: each turn sends only its new input and chains on
     the previous response in the connection (`store: false`)."""
 
     async def converse(
         session: aiohttp.ClientSession, c: int, p: AffinityProfile
     ) -> list[TurnRecord]:
-        instructions = _text(p.instructions_tokens, "instructions")
+        instructions = _text(p.instructions_tokens, *_seed(tag, "instructions"))
         out: list[TurnRecord] = []
         ws = await ws_connect(session, url)
         try:
@@ -213,7 +242,8 @@ def ws_conversation(url: str) -> Conversation:
             for t in range(p.turns):
                 create: dict[str, Any] = {"type": "response.create", "model": "sim"}
                 create.update(instructions=instructions, store=False)
-                create["input"] = [_user(_text(p.turn_tokens, "conversation", c, "turn", t))]
+                text = _text(p.turn_tokens, *_seed(tag, "conversation", c, "turn", t))
+                create["input"] = [_user(text)]
                 if previous is not None:
                     create["previous_response_id"] = previous
                 turn = await asyncio.wait_for(_ws_turn(ws, orjson.dumps(create)), p.turn_timeout)
@@ -239,16 +269,16 @@ def _sim_env(p: AffinityProfile, cache_tokens: int) -> dict[str, str]:
     return env
 
 
-async def _start_balancer(servers: Servers, replicas: list[Server]) -> Server:
+async def _start_balancer(servers: Servers, bases: list[str]) -> Server:
     port = free_port()
     cmd = [sys.executable, "-m", "wsmode.bench.balancer", "--port", str(port)]
-    return await servers.start("balancer", [*cmd, *(r.base for r in replicas)], "127.0.0.1", port)
+    return await servers.start("balancer", [*cmd, *bases], "127.0.0.1", port)
 
 
-async def _start_wsmode(servers: Servers, replicas: list[Server], affinity: str) -> Server:
+async def _start_wsmode(servers: Servers, bases: list[str], affinity: str) -> Server:
     port = free_port()
     env = {
-        "WSMODE_UPSTREAM_URLS": ",".join(f"{r.base}/v1" for r in replicas),
+        "WSMODE_UPSTREAM_URLS": ",".join(f"{base}/v1" for base in bases),
         "WSMODE_UPSTREAM_AFFINITY": affinity,
         "WSMODE_SERVER_LOG_LEVEL": "WARNING",
     }
@@ -256,10 +286,12 @@ async def _start_wsmode(servers: Servers, replicas: list[Server], affinity: str)
     return await servers.start("wsmode", cmd, "127.0.0.1", port, env)
 
 
-async def _warm_up(session: aiohttp.ClientSession, replica: Server, p: AffinityProfile) -> None:
+async def _warm_up(
+    session: aiohttp.ClientSession, replica: Server, p: AffinityProfile, tag: str = ""
+) -> None:
     """One request with the shared instructions, so they are in the replica's cache."""
-    body = {"model": "sim", "instructions": _text(p.instructions_tokens, "instructions")}
-    body["input"] = "warm-up"
+    instructions = _text(p.instructions_tokens, *_seed(tag, "instructions"))
+    body = {"model": "sim", "instructions": instructions, "input": "warm-up"}
     async with session.post(f"{replica.base}/v1/responses", json=body) as r:
         if r.status != 200:
             raise BenchError(f"warm-up of {replica.base}: HTTP {r.status}")
@@ -267,39 +299,79 @@ async def _warm_up(session: aiohttp.ClientSession, replica: Server, p: AffinityP
 
 
 async def _replica_stats(session: aiohttp.ClientSession, replica: Server) -> dict[str, Any]:
+    """The replica's requests served and blocks evicted so far."""
     async with session.get(f"{replica.base}/sim/stats") as r:
         doc: dict[str, Any] = await r.json()
     cache = doc.get("prefix_cache") or {}
-    served = int(doc.get("completed", 0)) - 1  # not the warm-up
-    return {"requests": served, "evicted_blocks": cache.get("evictions", 0)}
+    return {"requests": int(doc.get("completed", 0)), "evicted_blocks": cache.get("evictions", 0)}
+
+
+def _converse(name: str, replicas: list[Server], front: Server | None, tag: str) -> Conversation:
+    """How contender `name` talks to its replicas (`front`: the balancer or wsmode)."""
+    if name == "ideal":
+        return http_conversation(lambda c: f"{replicas[c % len(replicas)].base}/v1/responses", tag)
+    assert front is not None
+    if name == "round-robin":
+        return http_conversation(lambda c: f"{front.base}/v1/responses", tag)
+    return ws_conversation(f"ws://{front.host}:{front.port}/v1/responses", tag)
+
+
+async def _start_front(servers: Servers, name: str, bases: list[str]) -> Server:
+    """The balancer (round-robin) or wsmode (the wsmode contenders) in front of the replicas
+    at `bases`."""
+    if name == "round-robin":
+        return await _start_balancer(servers, bases)
+    affinity = "none" if name == "wsmode-none" else "conversation"
+    return await _start_wsmode(servers, bases, affinity)
+
+
+async def start_shared(
+    p: AffinityProfile, servers: Servers
+) -> dict[str, tuple[list[Server], Server | None]]:
+    """Every contender's processes at once: K replicas with the bounded cache, and the
+    balancer and both wsmodes in front of them (the replicas' ports are chosen first, so the
+    fronts start beside them). The ideal runs first, on the empty caches: with conversations
+    spread evenly each replica's share fits in its cache (`cache_share` > 1), so nothing is
+    evicted and the cache is unbounded in effect (`ideal_evicted_blocks` says so)."""
+    ports = [free_port() for _ in range(p.replicas)]
+    env = _sim_env(p, p.cache_tokens())
+    bases = [f"http://127.0.0.1:{port}" for port in ports]
+    fronts = [name for name in CONTENDERS if name != "ideal"]
+    started = await together(
+        *(start_sim(servers, env, port=port) for port in ports),
+        *(_start_front(servers, name, bases) for name in fronts),
+    )
+    replicas = started[: p.replicas]
+    out: dict[str, tuple[list[Server], Server | None]] = {"ideal": (replicas, None)}
+    for name, front in zip(fronts, started[p.replicas :], strict=True):
+        out[name] = (replicas, front)
+    return out
 
 
 async def run_contender(
-    name: str, p: AffinityProfile, session: aiohttp.ClientSession
+    name: str,
+    p: AffinityProfile,
+    session: aiohttp.ClientSession,
+    shared: tuple[list[Server], Server | None] | None = None,
 ) -> dict[str, Any]:
-    """One contender on fresh replicas: every conversation at once, to the end."""
+    """One contender, every conversation at once, to the end: on fresh replicas, or on the
+    `shared` replicas and front (`start_shared`) with text of its own."""
     servers = Servers()
+    tag = name if shared else ""
     try:
-        cache = UNBOUNDED if name == "ideal" else p.cache_tokens()
-        env = _sim_env(p, cache)
-        # one at a time: K interpreters starting at once on a busy machine can miss the
-        # start-up timeout
-        replicas = [await start_sim(servers, env) for _ in range(p.replicas)]
-        for r in replicas:  # every replica has seen the shared instructions, as in production
-            await _warm_up(session, r, p)
-        converse: Conversation
-        front: Server | None = None  # the process between clients and replicas, if any
-        if name == "round-robin":
-            balancer = front = await _start_balancer(servers, replicas)
-            converse = http_conversation(lambda c: f"{balancer.base}/v1/responses")
-        elif name == "ideal":
-            converse = http_conversation(
-                lambda c: f"{replicas[c % len(replicas)].base}/v1/responses"
-            )
+        if shared:
+            replicas, front = shared
         else:
-            affinity = "none" if name == "wsmode-none" else "conversation"
-            proxy = front = await _start_wsmode(servers, replicas, affinity)
-            converse = ws_conversation(f"ws://{proxy.host}:{proxy.port}/v1/responses")
+            env = _sim_env(p, UNBOUNDED if name == "ideal" else p.cache_tokens())
+            # one at a time: K interpreters starting at once on a busy machine can miss the
+            # start-up timeout
+            replicas = [await start_sim(servers, env) for _ in range(p.replicas)]
+            bases = [r.base for r in replicas]
+            front = None if name == "ideal" else await _start_front(servers, name, bases)
+        for r in replicas:  # every replica has seen the shared instructions, as in production
+            await _warm_up(session, r, p, tag)
+        before = [await _replica_stats(session, r) for r in replicas]
+        converse = _converse(name, replicas, front, tag)
         started = time.perf_counter()
         cpu_before = front.cpu_ns() if front else 0
         runs = await asyncio.gather(
@@ -307,7 +379,8 @@ async def run_contender(
         )
         wall = time.perf_counter() - started
         front_cpu = (front.cpu_ns() - cpu_before) / 1e9 if front else None
-        per_replica = [await _replica_stats(session, r) for r in replicas]
+        after = [await _replica_stats(session, r) for r in replicas]
+        per_replica = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
     finally:
         servers.stop_all()
     errors = [f"{type(r).__name__}: {r}"[:300] for r in runs if isinstance(r, BaseException)]
@@ -347,20 +420,28 @@ async def run(p: AffinityProfile, log: Callable[[str], None]) -> dict[str, Any]:
     }
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=p.turn_timeout)
+    servers = Servers()
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        for name in CONTENDERS:
-            r = await run_contender(name, p, session)
-            out["contenders"][name] = r
-            if r["errors"]:
-                out["errors"].append(f"{name}: {len(r['errors'])} conversations failed")
-            log(
-                f"  {name:<16} TTFT p50 {r['ttft_p50_ms']:>8} ms, p99 {r['ttft_p99_ms']:>8} ms;"
-                f" turn p50 {r['turn_p50_ms']:>8} ms; wall {r['wall_s']:>6} s;"
-                f" cached {r['cached_share']}; requests per replica"
-                f" {[x['requests'] for x in r['replicas']]}"
-                + (f"; ERRORS: {r['errors'][:2]}" if r["errors"] else "")
-            )
-    c = out["contenders"]
+        try:
+            shared = await start_shared(p, servers) if p.share_replicas else {}
+            order = ("ideal", *CONTENDERS[:-1]) if shared else CONTENDERS  # shared: ideal first
+            for name in order:
+                r = await run_contender(name, p, session, shared.get(name))
+                out["contenders"][name] = r
+                if r["errors"]:
+                    out["errors"].append(f"{name}: {len(r['errors'])} conversations failed")
+                log(
+                    f"  {name:<16} TTFT p50 {r['ttft_p50_ms']:>8} ms, p99"
+                    f" {r['ttft_p99_ms']:>8} ms; turn p50 {r['turn_p50_ms']:>8} ms; wall"
+                    f" {r['wall_s']:>6} s; cached {r['cached_share']}; requests per replica"
+                    f" {[x['requests'] for x in r['replicas']]}"
+                    + (f"; ERRORS: {r['errors'][:2]}" if r["errors"] else "")
+                )
+        finally:
+            servers.stop_all()
+    c = out["contenders"] = {name: out["contenders"][name] for name in CONTENDERS}
+    if p.share_replicas:
+        out["ideal_evicted_blocks"] = sum(x["evicted_blocks"] for x in c["ideal"]["replicas"])
     out["ttft_p50_round_robin_over_affinity"] = _ratio(
         c["round-robin"].get("ttft_p50_ms"), c["wsmode-affinity"].get("ttft_p50_ms")
     )

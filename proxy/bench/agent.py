@@ -37,6 +37,7 @@ from .link import WAN_HOST, NetemLink, ShimLink
 from .procs import (
     BenchError,
     Servers,
+    free_port,
     sim_env,
     start_proxy,
     start_sidecar,
@@ -73,6 +74,10 @@ class AgentProfile:
     ttft_ms: float = 50.0
     tokens_per_second: float = 1000.0
     output_tokens: int = 60
+    # the first prompt is sent before the clock (as the connection is opened), so a shorter
+    # loop that starts from a larger prompt does not time that prompt's one upload: the timed
+    # turns are the tool-output turns, each as in the full loop (docs/bench.md "Quick ...")
+    prompt_before_clock: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class Cell:
     rtt_ms: float
     uplink_mbit: float
     reps: int
+    sidecar: bool = True  # run the http-sidecar contender in this cell (no target reads it)
 
 
 @dataclass
@@ -152,6 +158,10 @@ class _Tally:
         self.history += [*turn.response["output"], *new]
         return new
 
+    def restart(self) -> None:
+        """Start the clock (again) here: what came before is not counted."""
+        self.sent, self.model, self.t0 = 0, 0.0, time.perf_counter()
+
     def loop(self, turns: int) -> Loop:
         seconds = time.perf_counter() - self.t0
         return Loop(seconds, turns, self.model, self.sent, len(orjson.dumps(self.history)))
@@ -175,11 +185,14 @@ async def http_loop(url: str, profile: AgentProfile) -> Loop:
             await r.read()
         tally = _Tally(profile, [first])
         connect_s = tally.t0 - opened
+        skip = int(profile.prompt_before_clock)
         for k in range(profile.tool_calls + 2):  # bounded: the model answers after tool_calls
+            if k == skip:
+                tally.restart()
             body = orjson.dumps({**_settings(), "input": tally.history, "stream": True})
             tally.sent += len(body)
             if not tally.add(await http_turn(session, url, body), k):
-                loop = tally.loop(k + 1)
+                loop = tally.loop(k + 1 - skip)
                 loop.connect_s = connect_s
                 return loop
     raise BenchError("the agent loop did not end within its turn bound")
@@ -195,8 +208,11 @@ async def ws_loop(url: str, profile: AgentProfile) -> Loop:
         ws = await ws_connect(session, url)
         tally = _Tally(profile, [first])
         connect_s = tally.t0 - opened  # TCP and the upgrade, before the clock
+        skip = int(profile.prompt_before_clock)
         try:
             for k in range(profile.tool_calls + 2):
+                if k == skip:
+                    tally.restart()
                 create = {"type": "response.create", **_settings(), "input": new}
                 if previous:
                     create["previous_response_id"] = previous
@@ -206,7 +222,7 @@ async def ws_loop(url: str, profile: AgentProfile) -> Loop:
                 previous = turn.response["id"]
                 new = tally.add(turn, k)
                 if not new:
-                    loop = tally.loop(k + 1)
+                    loop = tally.loop(k + 1 - skip)
                     loop.connect_s = connect_s
                     return loop
         finally:
@@ -242,38 +258,49 @@ async def run_cells(
             output_tokens=profile.output_tokens,
             tool_calls_per_turn=profile.tool_calls,
         )
-        upstream_sim = await start_sim(servers, env)
+        # the programs start side by side: their ports are chosen first, so wsmode and the
+        # link know where the others will listen before those do
         wan = WAN_HOST if link_kind == "netem" else "127.0.0.1"
-        direct_sim = (
-            await start_sim(servers, env, host=wan) if link_kind == "netem" else upstream_sim
-        )
-        proxy = await start_proxy(servers, f"{upstream_sim.base}/v1", host=wan)
+        sim_port, proxy_port = free_port(), free_port(wan)
+        direct = (wan, free_port(wan)) if link_kind == "netem" else ("127.0.0.1", sim_port)
+        starts: list[Awaitable[Any]] = [
+            start_sim(servers, env, port=sim_port),
+            start_proxy(servers, f"http://127.0.0.1:{sim_port}/v1", host=wan, port=proxy_port),
+        ]
         if link_kind == "netem":
+            starts.append(start_sim(servers, env, host=direct[0], port=direct[1]))
             link = NetemLink()
         else:
-            link = await ShimLink.start(
-                [(direct_sim.host, direct_sim.port), (proxy.host, proxy.port)]
-            )
+            starts.append(ShimLink.start([direct, (wan, proxy_port)]))
+        started = await asyncio.gather(*starts, return_exceptions=True)
+        if link_kind != "netem" and isinstance(started[2], ShimLink):
+            link = started[2]
+        for result in started:
+            if isinstance(result, BaseException):
+                raise result
+        assert link is not None
         await link.set(cells[0].rtt_ms, cells[0].uplink_mbit)
-        dh, dp = link.address(direct_sim.host, direct_sim.port)
-        ph, pp = link.address(proxy.host, proxy.port)
+        dh, dp = link.address(*direct)
+        ph, pp = link.address(wan, proxy_port)
         runners: dict[str, Callable[[], Awaitable[Loop]]] = {
             HTTP_DIRECT: lambda: http_loop(f"http://{dh}:{dp}/v1/responses", profile),
             WS_WSMODE: lambda: ws_loop(f"ws://{ph}:{pp}/v1/responses", profile),
         }
-        try:
-            sidecar = await start_sidecar(servers, f"http://{ph}:{pp}/v1")
-            url = f"{sidecar.base}/v1/responses"
-            runners[HTTP_SIDECAR] = lambda: http_loop(url, profile)
-        except BenchError as exc:
-            notes.append(f"http-sidecar skipped: {exc}")
+        if any(cell.sidecar for cell in cells):
+            try:
+                sidecar = await start_sidecar(servers, f"http://{ph}:{pp}/v1")
+                url = f"{sidecar.base}/v1/responses"
+                runners[HTTP_SIDECAR] = lambda: http_loop(url, profile)
+            except BenchError as exc:
+                notes.append(f"http-sidecar skipped: {exc}")
         results = []
         for cell in cells:
             await link.set(cell.rtt_ms, cell.uplink_mbit)
-            loops: dict[str, list[Loop]] = {name: [] for name in runners}
-            errors: dict[str, list[str]] = {name: [] for name in runners}
+            here = {n: r for n, r in runners.items() if cell.sidecar or n != HTTP_SIDECAR}
+            loops: dict[str, list[Loop]] = {name: [] for name in here}
+            errors: dict[str, list[str]] = {name: [] for name in here}
             for rep in range(cell.reps):
-                for name, run in runners.items():
+                for name, run in here.items():
                     try:
                         loops[name].append(await asyncio.wait_for(run(), 300))
                     except (BenchError, aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -283,7 +310,7 @@ async def run_cells(
                         f"  agent-loop rtt={cell.rtt_ms:g}ms up={cell.uplink_mbit:g}Mbit/s "
                         f"rep {rep + 1}/{cell.reps} {name}: {done:.3f}s"
                     )
-            summary = {name: _summary(loops[name], errors[name]) for name in runners}
+            summary = {name: _summary(loops[name], errors[name]) for name in here}
             turns = next((lp[0].turns for lp in loops.values() if lp), 0)
             model = next((lp[0].model_seconds for lp in loops.values() if lp), 0.0)
             results.append(

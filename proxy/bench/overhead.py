@@ -36,7 +36,16 @@ from ..core.store import MemoryStore, StoredResponse
 from ..upstream.client import request_body
 from . import call_check
 from .clients import http_turn, ws_connect, ws_turn
-from .procs import Server, Servers, sim_env, start_bare, start_proxy, start_sim
+from .procs import (
+    Server,
+    Servers,
+    free_port,
+    sim_env,
+    start_bare,
+    start_proxy,
+    start_sim,
+    together,
+)
 from .stats import median, ms, percentile, spread
 
 SETTINGS: dict[str, Any] = {"model": "sim", "store": False}
@@ -207,11 +216,16 @@ async def run(
 ) -> dict[str, Any]:
     servers = Servers()
     try:
-        sim = await start_sim(servers, sim_env(ttft_ms=0, tokens_per_second=0, output_tokens=16))
-        relays = {
-            "wsmode": await start_proxy(servers, f"{sim.base}/v1"),
-            "bare": await start_bare(servers, f"{sim.base}/v1"),
-        }
+        port = free_port()  # chosen first: the three processes start side by side
+        upstream = f"http://127.0.0.1:{port}/v1"
+        sim, wsmode, bare = await together(
+            start_sim(
+                servers, sim_env(ttft_ms=0, tokens_per_second=0, output_tokens=16), port=port
+            ),
+            start_proxy(servers, upstream),
+            start_bare(servers, upstream),
+        )
+        relays = {"wsmode": wsmode, "bare": bare}
         results = []
         connector = aiohttp.TCPConnector(limit=1)  # one keep-alive connection, as an SDK
         async with (

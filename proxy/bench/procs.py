@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,11 +114,15 @@ class Server:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        self.reap()
+
+    def reap(self) -> None:
+        """Wait for the process to exit after SIGTERM, then SIGKILL it after 5 s."""
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
 
 
 @dataclass
@@ -148,9 +152,24 @@ class Servers:
         return server
 
     def stop_all(self) -> None:
+        """SIGTERM to every process at once, then wait for each (SIGKILL after 5 s)."""
         for server in reversed(self.started):
-            server.stop()
+            if server.proc.poll() is None:
+                server.proc.send_signal(signal.SIGTERM)
+        for server in reversed(self.started):
+            server.reap()
         self.started.clear()
+
+
+async def together(*starts: Awaitable[Server]) -> list[Server]:
+    """Start several servers at once (each `start_*` spawns its process before its first
+    wait): the interpreters start up side by side instead of one after another. Every start
+    is awaited, so a failure is raised only once none is still waiting."""
+    done = await asyncio.gather(*starts, return_exceptions=True)
+    for result in done:
+        if isinstance(result, BaseException):
+            raise result
+    return [r for r in done if isinstance(r, Server)]
 
 
 async def wait_listening(server: Server, timeout: float = STARTUP_TIMEOUT) -> None:
@@ -190,8 +209,10 @@ def sim_env(
     }
 
 
-async def start_sim(servers: Servers, env: Mapping[str, str], host: str = "127.0.0.1") -> Server:
-    port = free_port(host)
+async def start_sim(
+    servers: Servers, env: Mapping[str, str], host: str = "127.0.0.1", port: int = 0
+) -> Server:
+    port = port or free_port(host)
     cmd = wsmode_command(["sim", "--host", host, "--port", str(port)])
     return await servers.start("sim", cmd, host, port, env)
 
@@ -203,23 +224,28 @@ async def start_proxy(
     host: str = "127.0.0.1",
     env: Mapping[str, str] | None = None,
     loop: str = "asyncio",
+    port: int = 0,
 ) -> Server:
-    port = free_port(host)
+    port = port or free_port(host)
     cmd = wsmode_command(
         ["serve", "--host", host, "--port", str(port), "--upstream", upstream], loop
     )
     return await servers.start("wsmode", cmd, host, port, env)
 
 
-async def start_bare(servers: Servers, upstream: str, host: str = "127.0.0.1") -> Server:
+async def start_bare(
+    servers: Servers, upstream: str, host: str = "127.0.0.1", port: int = 0
+) -> Server:
     """The bare relay (proxy/bench/bare.py): the baseline wsmode's ratios are taken to."""
-    port = free_port(host)
+    port = port or free_port(host)
     cmd = [sys.executable, "-m", "wsmode.bench.bare", "--host", host, "--port", str(port)]
     return await servers.start("bare", [*cmd, "--upstream", upstream], host, port)
 
 
-async def start_sidecar(servers: Servers, upstream: str, host: str = "127.0.0.1") -> Server:
+async def start_sidecar(
+    servers: Servers, upstream: str, host: str = "127.0.0.1", port: int = 0
+) -> Server:
     """`wsmode sidecar --upstream URL`, on a host and port of ours."""
-    port = free_port(host)
+    port = port or free_port(host)
     args = ["sidecar", "--upstream", upstream, "--host", host, "--port", str(port)]
     return await servers.start("sidecar", wsmode_command(args), host, port)

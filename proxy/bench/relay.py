@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,17 @@ import aiohttp
 import orjson
 
 from .clients import Turn, http_turn, ws_connect, ws_turn
-from .procs import BenchError, Server, Servers, sim_env, start_bare, start_proxy, start_sim
+from .procs import (
+    BenchError,
+    Server,
+    Servers,
+    free_port,
+    sim_env,
+    start_bare,
+    start_proxy,
+    start_sim,
+    together,
+)
 from .stats import median, percentile, spread
 
 CONNECT_CONCURRENCY = 100  # connections opened at once (the listen backlog is 128)
@@ -118,22 +128,6 @@ async def _round(
 CONTENDERS = ("wsmode", "bare")
 
 
-async def _measure(
-    session: aiohttp.ClientSession,
-    proxy: Server,
-    sim: Server,
-    n: int,
-    tokens: int,
-    per_socket: int,
-) -> dict[str, Any]:
-    sockets = await _open(session, f"ws://{proxy.host}:{proxy.port}/v1/responses", n)
-    try:
-        await _round(sockets, _create(8), 1, proxy, sim)  # warm: the upstream pool is open
-        return await _round(sockets, _create(tokens), per_socket, proxy, sim)
-    finally:
-        await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
-
-
 def _order(r: int) -> tuple[str, ...]:
     """Round r's order of the contenders: A B, then B A, so a drift favours neither."""
     return CONTENDERS if r % 2 == 0 else CONTENDERS[::-1]
@@ -148,11 +142,24 @@ async def _interleaved(
     per_socket: int,
     rounds: int,
 ) -> dict[str, Any]:
-    """`rounds` measurements of each contender, interleaved, and wsmode/bare per round."""
+    """`rounds` measurements of each contender, interleaved, and wsmode/bare per round. Each
+    contender's `n` sockets are opened and warmed once (one response each, so wsmode's
+    upstream pool is open) and measured in every round: a round starts on warm connections,
+    and no round runs while the other contender's sockets are being opened or closed."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in CONTENDERS}
-    for r in range(rounds):
-        for name in _order(r):
-            runs[name].append(await _measure(session, relays[name], sim, n, tokens, per_socket))
+    sockets: dict[str, list[aiohttp.ClientWebSocketResponse]] = {}
+    try:
+        for name in CONTENDERS:
+            url = f"ws://{relays[name].host}:{relays[name].port}/v1/responses"
+            sockets[name] = await _open(session, url, n)
+            await _round(sockets[name], _create(8), 1, relays[name], sim)  # warm
+        frame = _create(tokens)
+        for r in range(rounds):
+            for name in _order(r):
+                runs[name].append(await _round(sockets[name], frame, per_socket, relays[name], sim))
+    finally:
+        every = [ws for group in sockets.values() for ws in group]
+        await asyncio.gather(*(ws.close() for ws in every), return_exceptions=True)
     ws, bare = runs["wsmode"], runs["bare"]
     return {
         "connections": n,
@@ -224,12 +231,25 @@ async def _latency(
 
 
 async def _start(
-    servers: Servers, sim: Server, env: dict[str, str], loop: str
-) -> dict[str, Server]:
-    return {
-        "wsmode": await start_proxy(servers, f"{sim.base}/v1", env=env, loop=loop),
-        "bare": await start_bare(servers, f"{sim.base}/v1"),
-    }
+    servers: Servers, sims: dict[str, dict[str, str]], env: dict[str, str], loop: str
+) -> dict[str, tuple[Server, dict[str, Server]]]:
+    """Per model setting: a sim, and wsmode and the bare relay in front of it. Every process
+    starts at once (the ports are chosen first); idle, the others cost a measurement nothing."""
+    ports = {key: free_port() for key in sims}
+    starts: list[Awaitable[Server]] = []
+    for key, sim_settings in sims.items():
+        upstream = f"http://127.0.0.1:{ports[key]}/v1"
+        starts += [
+            start_sim(servers, sim_settings, port=ports[key]),
+            start_proxy(servers, upstream, env=env, loop=loop),
+            start_bare(servers, upstream),
+        ]
+    started = await together(*starts)
+    out = {}
+    for i, key in enumerate(sims):
+        sim, wsmode, bare = started[3 * i : 3 * i + 3]
+        out[key] = (sim, {"wsmode": wsmode, "bare": bare})
+    return out
 
 
 def _line(r: dict[str, Any]) -> str:
@@ -251,47 +271,38 @@ async def run(plan: RelayPlan, log: Callable[[str], None]) -> dict[str, Any]:
         "WSMODE_SERVER_LOG_LEVEL": "WARNING",
     }
     rounds = max(1, plan.rounds)
+    sims = {
+        "fast": sim_env(ttft_ms=0, tokens_per_second=0, output_tokens=8),
+        "paced": sim_env(ttft_ms=0, tokens_per_second=plan.paced_tps, output_tokens=8),
+        "latency": sim_env(ttft_ms=0, tokens_per_second=1000, output_tokens=8),
+    }
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        servers = Servers()
-        try:
-            sim = await start_sim(servers, sim_env(ttft_ms=0, tokens_per_second=0, output_tokens=8))
-            relays = await _start(servers, sim, env, plan.loop)
+    servers = Servers()
+    try:
+        sets = await _start(servers, sims, env, plan.loop)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            sim, relays = sets["fast"]
             for n in plan.connections:
                 per = max(1, plan.fast_events // n)
                 tokens, turns = (per, 1) if n > 1 else (min(per, 10_000), max(1, per // 10_000))
                 r = await _interleaved(session, relays, sim, n, tokens, turns, rounds)
                 log(f"  relay fast {n} connection(s): {_line(r)}")
                 out["fast"].append(r)
-        finally:
-            servers.stop_all()
-        servers = Servers()
-        try:
-            sim = await start_sim(
-                servers, sim_env(ttft_ms=0, tokens_per_second=plan.paced_tps, output_tokens=8)
-            )
-            relays = await _start(servers, sim, env, plan.loop)
+            sim, relays = sets["paced"]
             tokens = max(1, int(plan.paced_tps * plan.paced_seconds))
             r = await _interleaved(session, relays, sim, plan.paced_streams, tokens, 1, rounds)
             r["offered_events_per_s"] = round(plan.paced_tps * plan.paced_streams)
             log(f"  relay paced {plan.paced_streams} streams x {plan.paced_tps:g}/s: {_line(r)}")
             out["paced"] = r
-        finally:
-            servers.stop_all()
-        servers = Servers()
-        try:
-            sim = await start_sim(
-                servers, sim_env(ttft_ms=0, tokens_per_second=1000, output_tokens=8)
-            )
-            relays = await _start(servers, sim, env, plan.loop)
+            sim, relays = sets["latency"]
             r = await _latency(session, sim, relays, plan)
             log(
                 f"  relay latency, 1 paced stream: p50 {r['p50_wsmode_ms']} ms through wsmode,"
                 f" {r['p50_bare_ms']} ms through the bare relay, {r['p50_direct_ms']} ms direct"
             )
             out["latency"] = r
-        finally:
-            servers.stop_all()
+    finally:
+        servers.stop_all()
     if not out["fast"]:
         raise BenchError("relay ran no measurement")
     return out

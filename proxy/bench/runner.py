@@ -33,6 +33,7 @@ class Plan:
     rtts: tuple[float, ...] = (1.0, 10.0, 40.0, 100.0)
     uplinks: tuple[float, ...] = (10.0, 100.0, 1000.0)
     grid_reps: int = 3  # every cell's target needs a spread: interleaved repetitions
+    grid_sidecar: bool = True  # the sidecar in every grid cell too (no target reads it)
     sizes: tuple[int, ...] = (20 * KIB, 200 * KIB, 1024 * KIB, 4096 * KIB)
     samples: tuple[int, ...] = (300, 300, 150, 100)
     relay: RelayPlan = field(default_factory=RelayPlan)
@@ -50,23 +51,29 @@ class Plan:
         for rtt in self.rtts:
             for up in self.uplinks:
                 if (rtt, up) != self.main:
-                    out.append(Cell(rtt, up, self.grid_reps))
+                    out.append(Cell(rtt, up, self.grid_reps, self.grid_sidecar))
         return out
 
 
 FULL = Plan("full")
 QUICK = Plan(
     "quick",
-    # the full profile's turns (8 KB tool outputs), two thirds as many, and a first prompt
-    # three times as large: about as much history at the end (~230 KB vs ~270 KB), so the
-    # agent-loop targets ask the same question (re-sent history vs the ideal) in less time
-    profile=AgentProfile(tool_calls=20, first_prompt_bytes=60 * 1024),
+    # the full profile's turns (8 KB tool outputs), 4 of them timed instead of 31, each
+    # re-sending as much history as the full loop's turns do on average (~150 KB): the loop
+    # starts from a ~130 KB prompt sent before the clock (the full loop's 20 KB prompt is
+    # one upload in 31 turns), so each timed turn's HTTP re-send and WebSocket tool output
+    # are the full profile's and the targets ask the same question (docs/bench.md "Quick")
+    profile=AgentProfile(tool_calls=4, first_prompt_bytes=127 * 1024, prompt_before_clock=True),
     main_reps=3,
     rtts=(1.0, 40.0),
     uplinks=(10.0, 1000.0),
     grid_reps=2,
+    grid_sidecar=False,
     samples=(40, 40, 30, 20),
-    relay=RelayPlan(fast_events=60_000, paced_seconds=1.0, latency_runs=3),
+    # the targets read the smallest and the largest connection count, not 100
+    relay=RelayPlan(
+        connections=(1, 1000), fast_events=60_000, paced_seconds=1.0, latency_runs=3, rounds=2
+    ),
     scale=(1000,),
     fairness=(20, 2),
     rounds=4,
@@ -132,10 +139,17 @@ def _method(plan: Plan, link: str, relay_loop: str) -> dict[str, Any]:
         "turn each (store: false)",
         "fairness": "another client's turns, one at a time, alone and while a separate process "
         "floods its own socket with small frames, interleaved; p50 flooded / p50 alone",
-        "affinity": "K `wsmode sim` replicas with the prefix-cache model, fresh for each "
-        "contender; N conversations at once, M turns each; round-robin HTTP balancer, wsmode "
-        "with affinity none and conversation, ideal (unbounded caches, each conversation on "
-        "one replica); TTFT = time to the first output delta (docs/bench-affinity.md)",
+        "affinity": "K `wsmode sim` replicas with the prefix-cache model, "
+        + (
+            "started once and shared (the ideal first, on empty caches; then each contender "
+            "with text of its own)"
+            if plan.affinity.share_replicas
+            else "fresh for each contender"
+        )
+        + "; N conversations at once, M turns each; round-robin HTTP balancer, wsmode "
+        "with affinity none and conversation, ideal (caches that evict nothing, each "
+        "conversation on one replica); TTFT = time to the first output delta "
+        "(docs/bench-affinity.md)",
         "tokens": "upstream.api chat and tokens, each its own wsmode and upstream; the same "
         "conversations (a long first turn, short continuations over WebSocket mode), sizes and "
         "paths interleaved; medians per continuation turn (docs/bench-tokens.md)",

@@ -22,11 +22,13 @@ from .clients import ws_connect, ws_turn
 from .overhead import history
 from .procs import (
     Servers,
+    free_port,
     open_files,
     raise_nofile_limit,
     sim_env,
     start_proxy,
     start_sim,
+    together,
 )
 
 CONCURRENCY = 100
@@ -50,11 +52,14 @@ async def _one(
         errors[key] = errors.get(key, 0) + 1
 
     try:
-        sim = await start_sim(servers, sim_env(ttft_ms=0, tokens_per_second=0, output_tokens=8))
         # the connection limit (server.max_connections, 4096 by default) must not be what
         # this scenario measures: allow every connection it opens, and the warm-up one
         limit = {"WSMODE_SERVER_MAX_CONNECTIONS": str(counts + 16)}
-        proxy = await start_proxy(servers, f"{sim.base}/v1", env=limit)
+        port = free_port()  # chosen first: the sim and wsmode start side by side
+        _, proxy = await together(
+            start_sim(servers, sim_env(ttft_ms=0, tokens_per_second=0, output_tokens=8), port=port),
+            start_proxy(servers, f"http://127.0.0.1:{port}/v1", env=limit),
+        )
         url = f"ws://{proxy.host}:{proxy.port}/v1/responses"
         items = history(conv_bytes)
         frame = orjson.dumps(

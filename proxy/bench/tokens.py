@@ -262,8 +262,8 @@ async def _start(
     servers: Servers, session: aiohttp.ClientSession, p: TokensProfile, model: Path | None
 ) -> dict[str, Upstream]:
     context = max(p.sizes) * 2 + 8 * KTOK  # the longest conversation, with room to spare
-    ups: dict[str, Upstream] = {}
-    for path in PATHS:
+
+    async def one(path: str) -> Upstream:
         if model is None:
             server = await start_sim(servers, sim_settings(p, context))
         else:
@@ -271,8 +271,14 @@ async def _start(
         proxy = await _start_proxy(servers, path, server, p.turn_timeout)
         await _ready(session, proxy, 60.0)
         name = "sim" if model is None else "tiny"
-        ups[path] = Upstream(path, server, proxy, model is None, name)
-    return ups
+        return Upstream(path, server, proxy, model is None, name)
+
+    # both paths start side by side; a failure is raised once neither is still starting
+    done = await asyncio.gather(*(one(path) for path in PATHS), return_exceptions=True)
+    for result in done:
+        if isinstance(result, BaseException):
+            raise result
+    return {up.path: up for up in done if isinstance(up, Upstream)}
 
 
 def _summary(convs: list[dict[str, Any]], ttft_ms: float, is_sim: bool) -> dict[str, Any]:

@@ -1,0 +1,50 @@
+"""The quick plan measures what every target reads, in the regime the full plan does
+(docs/bench.md "Quick and smoke runs"): no timing, only the plan's shape."""
+
+from __future__ import annotations
+
+from wsmode.bench import affinity
+from wsmode.bench.runner import FULL, QUICK
+
+
+def test_quick_plan_has_every_cell_the_targets_read() -> None:
+    cells = {(c.rtt_ms, c.uplink_mbit): c for c in QUICK.cells()}
+    assert QUICK.main == FULL.main and cells[QUICK.main].sidecar
+    assert set(cells) == {(r, u) for r in QUICK.rtts for u in QUICK.uplinks}
+    assert all(c.reps >= 2 for c in cells.values())  # every cell's target has a spread
+    relay = QUICK.relay
+    assert min(relay.connections) == 1 and max(relay.connections) == 1000
+    assert relay.paced_streams == 1000 and relay.rounds >= 2
+    assert 1000 in QUICK.scale and QUICK.store_sizes == FULL.store_sizes
+
+
+def test_quick_agent_turns_resend_what_the_full_loop_does_per_turn() -> None:
+    """Each timed turn re-sends about the full loop's average history: the quick loop's
+    larger first prompt goes before the clock, its turns are the full loop's turns."""
+    full, quick = FULL.profile, QUICK.profile
+    assert quick.prompt_before_clock and not full.prompt_before_clock
+    assert quick.tool_output_bytes == full.tool_output_bytes
+    assert (quick.ttft_ms, quick.tokens_per_second, quick.output_tokens) == (
+        full.ttft_ms,
+        full.tokens_per_second,
+        full.output_tokens,
+    )
+    per_turn = full.tool_output_bytes + 600  # a tool output and its call, about
+    full_mean = full.first_prompt_bytes + per_turn * full.tool_calls / 2
+    quick_mean = quick.first_prompt_bytes + per_turn * (quick.tool_calls + 1) / 2
+    assert abs(quick_mean - full_mean) <= full_mean * 0.05
+
+
+def test_quick_affinity_keeps_the_default_regime() -> None:
+    d, q = affinity.DEFAULT, affinity.QUICK
+    assert (q.replicas, q.turns, q.cache_share) == (d.replicas, d.turns, d.cache_share)
+    assert (q.instructions_tokens, q.turn_tokens, q.output_tokens) == (
+        d.instructions_tokens,
+        d.turn_tokens,
+        d.output_tokens,
+    )
+    speed = q.prefill_tokens_per_second / d.prefill_tokens_per_second
+    assert q.tokens_per_second / d.tokens_per_second == speed  # every time as much shorter
+    assert d.ttft_ms / q.ttft_ms == speed
+    share = q.cache_tokens() / q.working_set_tokens() - d.cache_tokens() / d.working_set_tokens()
+    assert abs(share) < 1e-3  # each cache the same part of the working set
