@@ -38,7 +38,6 @@ from multiprocessing.process import BaseProcess
 
 from aiohttp import web
 
-from .app import HANDLER_CANCELLATION, console_on, create_app
 from .config import ServerSettings, Settings
 from .ops import descriptors
 from .ops.listener import Listener
@@ -180,6 +179,8 @@ def announce_serve(settings: Settings, version: str) -> None:
         host,
         s.port,
     )
+    from .app import console_on
+
     if console_on(settings):
         log.info("console (open it in a browser): %s://%s:%d/console", http, host, s.port)
     if s.listen_file:
@@ -206,6 +207,10 @@ def announce_serve(settings: Settings, version: str) -> None:
 
 
 async def serve(settings: Settings, announce: Callable[[], None] | None = None) -> None:
+    # the proxy's app, imported here: `run_site` (the sidecar, the simulated model) needs
+    # none of it, and a process starts faster without it
+    from .app import HANDLER_CANCELLATION, create_app
+
     fitted = descriptors.budget(settings)
     if fitted.warning:
         log.warning("%s", fitted.warning)
