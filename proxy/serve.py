@@ -124,7 +124,8 @@ def tune_collector() -> None:
     it out of every later collection. And the young generation is collected every 10,000
     allocations instead of 700: a turn's many short-lived objects are freed by their
     reference counts before a collection can promote them, so the full collections, which
-    walk every connection's state, become rare (docs/bench.md "The collector")."""
+    walk every connection's state, become rare (docs/bench.md "The event path: profiled,
+    then cut")."""
     gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()
