@@ -54,8 +54,9 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Relay:
-    """Upstream events for the client exactly as they came, nothing typed beside them: the
-    frames of one chunk's ordinary events, in one action instead of one `Send` each."""
+    """Frames for the client with nothing typed beside them: the ordinary events of one
+    upstream chunk (deltas, item events) as the dialect's translator returned them (from a
+    Responses upstream, its own bytes), in one action instead of one `Send` each."""
 
     frames: list[bytes]
 
