@@ -65,7 +65,7 @@ class TokensProfile:
 
 
 DEFAULT = TokensProfile()
-QUICK = TokensProfile(sizes=(1 * KTOK, 8 * KTOK, 32 * KTOK), turns=4, reps=3)
+QUICK = TokensProfile(sizes=(1 * KTOK, 8 * KTOK, 32 * KTOK), turns=4, reps=2)
 SMOKE = TokensProfile(sizes=(1 * KTOK, 4 * KTOK), turns=3, reps=2)
 
 
