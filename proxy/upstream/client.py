@@ -9,6 +9,7 @@ here, at the boundary, so the core never sees an aiohttp type.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping
@@ -20,7 +21,7 @@ from yarl import URL
 
 from ..config import UpstreamSettings
 from ..core.errors import UpstreamError, upstream_http_error, upstream_redirect
-from ..core.urls import ROOT, redact_url, server_root
+from ..core.urls import ROOT, redact_url, server_root, without_userinfo
 from ..logs import request_id_var
 
 log = logging.getLogger("wsmode.upstream")
@@ -83,6 +84,8 @@ def describe(exc: BaseException) -> str:
         return os.strerror(exc.errno).lower()
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()
+    if isinstance(exc, ValueError):  # aiohttp would not build the request (a header value)
+        return f"the request could not be made: {exc}"
     return "network error"
 
 
@@ -136,6 +139,22 @@ class UpstreamGate:
             self._sem.release()
 
 
+def split_credentials(url: str) -> tuple[str, str | None]:
+    """`url` without its userinfo, and the Basic `Authorization` the userinfo stands for
+    (None when it has none; a lone user name is a user with an empty password, as aiohttp
+    and curl send it). aiohttp sends a URL's userinfo itself, but refuses (ValueError) a
+    request that also has an Authorization header, as every forwarded client request may:
+    so requests never see the userinfo, and `UpstreamClient.credential` chooses."""
+    try:
+        u = URL(url)
+    except (TypeError, ValueError):
+        return url, None
+    if u.raw_user is None and u.raw_password is None:
+        return url, None
+    pair = f"{u.user or ''}:{u.password or ''}".encode()
+    return without_userinfo(url), "Basic " + base64.b64encode(pair).decode("ascii")
+
+
 def request_body(pieces: list[bytes]) -> bytes:
     """The upstream request body from the session's pieces (cached history bytes)."""
     return b"".join(pieces)
@@ -143,13 +162,41 @@ def request_body(pieces: list[bytes]) -> bytes:
 
 class UpstreamClient:
     def __init__(self, base_url: str, settings: UpstreamSettings) -> None:
-        self.base_url = base_url.rstrip("/")
         self.settings = settings
+        # each base URL that had userinfo (taken out): its server and its credential
+        self._credentials: dict[str, tuple[URL, str]] = {}
+        self.base_url = self.register(base_url)
         self.session: aiohttp.ClientSession | None = None
         self._urls: dict[str, URL] = {}  # each endpoint's URL, parsed once, not per request
         self.gate = UpstreamGate(
             settings.max_connections, settings.max_queued_requests, settings.queue_timeout
         )
+
+    def register(self, url: str) -> str:
+        """`url` as requests are sent to it: without its userinfo, which becomes the
+        credential of requests to it (`credential`). Every upstream URL goes through here."""
+        bare, credential = split_credentials(url.rstrip("/"))
+        bare = bare.rstrip("/")
+        if credential is not None:
+            self._credentials[bare] = (URL(bare).origin(), credential)
+        return bare
+
+    def credential(self, url: str | URL) -> str | None:
+        """The Authorization a request to `url` carries instead of the client's, or None
+        (the client's goes as it is). `upstream.api_key` first; else the userinfo of the
+        upstream URL the request is under (the longest one), or of one on the same server
+        (its root endpoints: llama.cpp's /tokenize, a health path). Never both, and never
+        the client's with a URL's: the operator's credential replaces the client's."""
+        if self.settings.api_key:
+            return f"Bearer {self.settings.api_key}"
+        if not self._credentials:
+            return None
+        text = str(url)
+        under = [b for b in self._credentials if text == b or text.startswith((b + "/", b + "?"))]
+        if under:
+            return self._credentials[max(under, key=len)][1]
+        origin = URL(text).origin()
+        return next((c for o, c in self._credentials.values() if o == origin), None)
 
     async def _outgoing(
         self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
@@ -157,12 +204,16 @@ class UpstreamClient:
         """Client middleware for the session's other requests (passthrough, probes, health
         checks): the configured credential replaces the client's, and the request id travels
         along. Model calls (`_post`) do the same without the middleware chain."""
-        self._outgoing_headers(request.headers)
+        self._outgoing_headers(request.headers, request.url)
         return await handler(request)
 
-    def _outgoing_headers(self, headers: MutableMapping[str, str]) -> None:
-        if self.settings.api_key:
-            headers["Authorization"] = f"Bearer {self.settings.api_key}"
+    def _outgoing_headers(self, headers: MutableMapping[str, str], url: str | URL) -> None:
+        credential = self.credential(url)
+        if credential is not None:
+            # whatever its case: a plain dict of forwarded headers may hold `authorization`
+            for name in [k for k in headers if k.lower() == "authorization"]:
+                headers.pop(name, None)
+            headers["Authorization"] = credential
         rid = request_id_var.get()
         if rid:
             headers["X-Request-Id"] = rid
@@ -225,8 +276,8 @@ class UpstreamClient:
             "Accept-Encoding": "identity",
             **headers,
         }
-        self._outgoing_headers(send)  # what the session's middleware does for other requests
         base = self.base_url if base_url is None else base_url
+        self._outgoing_headers(send, base)  # the session's middleware's work, for other requests
         if path.startswith(ROOT):  # the server's own endpoint, beside its /v1 API
             base, path = server_root(base), path[len(ROOT) :]
         async with (self.gate if gate is None else gate).slot():
@@ -287,6 +338,10 @@ class UpstreamClient:
         )
         try:
             resp = await post()
+        except ValueError as exc:  # aiohttp refused to build it: never a 500 of ours
+            shown = redact_url(str(url))
+            message = f"the request to the upstream at {shown} could not be made ({exc})"
+            raise UpstreamError(message, status=502, code="upstream_unavailable") from None
         except aiohttp.ClientConnectorError:
             raise
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
