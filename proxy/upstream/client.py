@@ -14,7 +14,6 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
-from functools import partial
 
 import aiohttp
 from yarl import URL
@@ -23,6 +22,7 @@ from ..config import UpstreamSettings
 from ..core.errors import UpstreamError, upstream_http_error, upstream_redirect
 from ..core.urls import ROOT, redact_url, server_root, without_userinfo
 from ..logs import request_id_var
+from .connector import CheckedConnector
 
 log = logging.getLogger("wsmode.upstream")
 
@@ -87,6 +87,19 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, ValueError):  # aiohttp would not build the request (a header value)
         return f"the request could not be made: {exc}"
     return "network error"
+
+
+def sent_then_closed(exc: BaseException) -> bool:
+    """The connection failed once the request was on it (closed, reset), not while
+    connecting: the server may have read the request."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return False
+    return isinstance(
+        exc,
+        aiohttp.ServerDisconnectedError
+        | aiohttp.ClientOSError
+        | aiohttp.ClientConnectionResetError,
+    )
 
 
 def overloaded(message: str) -> UpstreamError:
@@ -227,7 +240,8 @@ class UpstreamClient:
         # upstream.max_connections bounds each replica (its gate, upstream/pool.py); the one
         # connector and its keep-alive pool are shared by them all
         replicas = max(1, len(self.settings.replicas))
-        connector = aiohttp.TCPConnector(limit=self.settings.max_connections * replicas)
+        # a pooled connection the server closed is never used (upstream/connector.py)
+        connector = CheckedConnector(limit=self.settings.max_connections * replicas)
         timeout = aiohttp.ClientTimeout(
             total=None,
             connect=self.settings.connect_timeout,
@@ -319,34 +333,23 @@ class UpstreamClient:
     async def _post(
         self, url: URL, body: bytes, headers: Mapping[str, str]
     ) -> aiohttp.ClientResponse:
-        """POST, once more if a pooled keep-alive connection turned out to be closed.
-
-        A server may close an idle keep-alive connection just as the pool hands it out
-        (llama.cpp's does after a few seconds); the request then fails before any answer
-        and is safe to send again on a new connection. Refused connections, timeouts and
-        anything after the answer began are not retried."""
+        """POST once. A model call is never sent twice: a request that was written may have
+        been read (and started a generation) however the connection failed after it. The
+        one failure that leaves nothing sent on a live-looking connection, a pooled
+        keep-alive connection the server closed as it was handed out (llama.cpp closes idle
+        ones after a few seconds), is caught before the write by the connector
+        (upstream/connector.py), which takes another connection."""
         assert self.session is not None
-        # the session's middlewares' work is done here (`stream` set the credential, a
-        # redirect is refused below) without aiohttp building their chain per model call
-        post = partial(
-            self.session.post,
-            url,
-            data=body,
-            headers=headers,
-            allow_redirects=False,
-            middlewares=(),
-        )
         try:
-            resp = await post()
+            # the session's middlewares' work is done here (`stream` set the credential, a
+            # redirect is refused below) without aiohttp building their chain per model call
+            resp = await self.session.post(
+                url, data=body, headers=headers, allow_redirects=False, middlewares=()
+            )
         except ValueError as exc:  # aiohttp refused to build it: never a 500 of ours
             shown = redact_url(str(url))
             message = f"the request to the upstream at {shown} could not be made ({exc})"
             raise UpstreamError(message, status=502, code="upstream_unavailable") from None
-        except aiohttp.ClientConnectorError:
-            raise
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            log.info("upstream connection was closed before the request (%s); resending", exc)
-            resp = await post()
         if resp.status in REDIRECTS:
             resp.release()
             raise RedirectRefused(resp.status)
@@ -375,6 +378,13 @@ class UpstreamClient:
         if started:
             message = f"the connection to the upstream at {shown} broke mid-stream ({reason})"
             return UpstreamError(message, status=502, started=True, code="upstream_unavailable")
+        if sent_then_closed(exc):
+            message = (
+                f"the upstream at {shown} closed the connection after the request was sent, "
+                f"before answering ({reason}); it was not sent again, since the model may "
+                "have taken it"
+            )
+            return UpstreamError(message, status=502, code="upstream_unavailable")
         message = f"cannot reach the upstream at {shown} ({reason})"
         kind = ConnectFailed if isinstance(exc, aiohttp.ClientConnectorError) else UpstreamError
         return kind(message, status=502, code="upstream_unavailable")
