@@ -216,7 +216,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
             name="wsmode-token-probe",
         )
         await asyncio.wait({tokens}, timeout=PROBE_TIMEOUT)
-    shown = ", ".join(redact_url(r.url) for r in state.pool.replicas)
+    shown = ", ".join(r.shown for r in state.pool.replicas)
     for replica in state.pool.replicas:
         if (no_v1 := missing_v1(replica.url)) is not None:
             log.warning("%s", no_v1)
@@ -259,7 +259,7 @@ async def _tokenizer(app: web.Application) -> AsyncIterator[None]:
         pool, setting = state.pool, t.tokenize_url
 
         def url() -> str:  # beside the least-loaded available replica, per call
-            return tokenize_url(setting, pool.pick().url)
+            return state.upstream.register(tokenize_url(setting, pool.pick().url))
 
         state.tokenizer = TokenizeWorker(state.upstream, state.context, url, t.max_pending_jobs)
         task = asyncio.create_task(state.tokenizer.run(), name="wsmode-tokenizer")

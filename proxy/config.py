@@ -33,7 +33,7 @@ from .core.context.settings import CompactionSettings, TokensSettings
 from .core.dialects.chat_settings import ChatOptions
 from .core.policy import SessionLimits
 from .core.tokens.formats import TOOL_FORMATS
-from .core.urls import REDACTED, redact_url
+from .core.urls import REDACTED, redact_url, without_userinfo
 from .sim.settings import SimSettings
 
 MiB = 1024 * 1024
@@ -446,8 +446,8 @@ def _validate_pool(u: UpstreamSettings) -> None:
         if not url.startswith(("http://", "https://")):
             what = "upstream.urls entries" if u.urls else "upstream.url"
             raise ConfigError(f"{what} must start with http:// or https:// ({redact_url(url)})")
-    stripped = [url.rstrip("/") for url in u.replicas]
-    if len(set(stripped)) != len(stripped):
+    stripped = [without_userinfo(url).rstrip("/") for url in u.replicas]
+    if len(set(stripped)) != len(stripped):  # two credentials for one server count too
         raise ConfigError("upstream.urls lists the same URL twice")
     if u.native_previous_response_id and len(u.replicas) > 1:
         raise ConfigError(

@@ -19,7 +19,7 @@ from .context.manager import ContextManager
 from .conversation import EMPTY
 from .policy import UpstreamPolicy
 from .recorder import PROXY_MADE
-from .routing import client_key, content_key, slot_of
+from .routing import CLIENT, CONNECTION, CONTENT, chain_key, client_key, content_basis, slot_of
 from .runs import Run
 from .tokens.dialect import ROOT, TokenDialect
 
@@ -27,21 +27,27 @@ from .tokens.dialect import ROOT, TokenDialect
 class Planner:
     """Builds one session's upstream requests."""
 
-    def __init__(self, context: ContextManager | None, chain_key: str | None) -> None:
+    def __init__(
+        self, context: ContextManager | None, connection: str | None, owner: str = "anonymous"
+    ) -> None:
         self.context = context
-        # the key of a new chain whose client names none: the WebSocket connection's id;
-        # None (HTTP): a hash of the conversation's start (core/routing.py)
-        self.chain_key = chain_key
+        # what a new chain whose client names no key is keyed on: the WebSocket connection's
+        # id; None (HTTP): the conversation's start (core/routing.py)
+        self.connection = connection
+        self.owner = owner  # the credential: part of every key (core/routing.py)
 
     def chain_of(self, run: Run) -> str:
         """The key of the run's chain (core/routing.py): inherited from its parent, else
-        the client's prompt_cache_key, the connection's id or a hash of the start."""
+        derived for the owner from the client's prompt_cache_key, the connection's id or the
+        conversation's start."""
         if run.parent is not None and run.parent.chain:
             return run.parent.chain
         req = run.req
-        return (
-            client_key(req.settings) or self.chain_key or content_key(req.settings, req.input_items)
-        )
+        if (key := client_key(req.settings)) is not None:
+            return chain_key(self.owner, CLIENT, key)
+        if self.connection is not None:
+            return chain_key(self.owner, CONNECTION, self.connection)
+        return chain_key(self.owner, CONTENT, content_basis(req.settings, req.input_items))
 
     def can_go_native(self, run: Run, policy: UpstreamPolicy) -> bool:
         """The run may continue with the upstream's own `previous_response_id`: the upstream

@@ -104,8 +104,8 @@ class Session(RunDriver):
     context: ContextManager | None = None  # compaction, truncation, token counts
     guards: Guards | None = None  # checks of each turn's new input (core/guards.py)
     memory: MemoryBudget | None = None  # the process budget that queued creates count against
-    # the key of a new chain whose client names none: the WebSocket connection's id; None
-    # (HTTP): a hash of the conversation's start (core/routing.py)
+    # what a new chain whose client names no key is keyed on, with the owner: the WebSocket
+    # connection's id; None (HTTP): the conversation's start (core/routing.py)
     chain_key: str | None = None
     stores: bool = False  # there is a response store (in this process or Redis)
     max_event_bytes: int = 16 * 1024 * 1024  # one upstream SSE event at most (upstream.*)
@@ -117,7 +117,7 @@ class Session(RunDriver):
         self._busy_lanes: set[str | None] = set()
         check = partial(self.context.validate, owner=self.owner) if self.context else None
         self.admission = Admission(self.limits, self.memory, check)
-        self.planner = Planner(self.context, self.chain_key)
+        self.planner = Planner(self.context, self.chain_key, self.owner)
         self.recorder = Recorder(
             self.cache,
             self.owner,

@@ -33,6 +33,17 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{name}:{REDACTED}@{host}"))
 
 
+def without_userinfo(url: str) -> str:
+    """`url` without `user:password@` (requests never carry it: upstream/client.py
+    `split_credentials`); unchanged when it has none or does not parse."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    _, at, host = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=host)) if at else url
+
+
 def missing_v1(url: str) -> str | None:
     """A warning when a base URL's path has no `/v1` segment (OpenAI-compatible servers,
     vLLM, llama.cpp and Ollama among them, serve the API under `/v1`), else None."""

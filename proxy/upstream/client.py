@@ -9,19 +9,20 @@ here, at the boundary, so the core never sees an aiohttp type.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
-from functools import partial
 
 import aiohttp
 from yarl import URL
 
 from ..config import UpstreamSettings
 from ..core.errors import UpstreamError, upstream_http_error, upstream_redirect
-from ..core.urls import ROOT, redact_url, server_root
+from ..core.urls import ROOT, redact_url, server_root, without_userinfo
 from ..logs import request_id_var
+from .connector import CheckedConnector
 
 log = logging.getLogger("wsmode.upstream")
 
@@ -83,7 +84,22 @@ def describe(exc: BaseException) -> str:
         return os.strerror(exc.errno).lower()
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()
+    if isinstance(exc, ValueError):  # aiohttp would not build the request (a header value)
+        return f"the request could not be made: {exc}"
     return "network error"
+
+
+def sent_then_closed(exc: BaseException) -> bool:
+    """The connection failed once the request was on it (closed, reset), not while
+    connecting: the server may have read the request."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return False
+    return isinstance(
+        exc,
+        aiohttp.ServerDisconnectedError
+        | aiohttp.ClientOSError
+        | aiohttp.ClientConnectionResetError,
+    )
 
 
 def overloaded(message: str) -> UpstreamError:
@@ -136,6 +152,22 @@ class UpstreamGate:
             self._sem.release()
 
 
+def split_credentials(url: str) -> tuple[str, str | None]:
+    """`url` without its userinfo, and the Basic `Authorization` the userinfo stands for
+    (None when it has none; a lone user name is a user with an empty password, as aiohttp
+    and curl send it). aiohttp sends a URL's userinfo itself, but refuses (ValueError) a
+    request that also has an Authorization header, as every forwarded client request may:
+    so requests never see the userinfo, and `UpstreamClient.credential` chooses."""
+    try:
+        u = URL(url)
+    except (TypeError, ValueError):
+        return url, None
+    if u.raw_user is None and u.raw_password is None:
+        return url, None
+    pair = f"{u.user or ''}:{u.password or ''}".encode()
+    return without_userinfo(url), "Basic " + base64.b64encode(pair).decode("ascii")
+
+
 def request_body(pieces: list[bytes]) -> bytes:
     """The upstream request body from the session's pieces (cached history bytes)."""
     return b"".join(pieces)
@@ -143,13 +175,41 @@ def request_body(pieces: list[bytes]) -> bytes:
 
 class UpstreamClient:
     def __init__(self, base_url: str, settings: UpstreamSettings) -> None:
-        self.base_url = base_url.rstrip("/")
         self.settings = settings
+        # each base URL that had userinfo (taken out): its server and its credential
+        self._credentials: dict[str, tuple[URL, str]] = {}
+        self.base_url = self.register(base_url)
         self.session: aiohttp.ClientSession | None = None
         self._urls: dict[str, URL] = {}  # each endpoint's URL, parsed once, not per request
         self.gate = UpstreamGate(
             settings.max_connections, settings.max_queued_requests, settings.queue_timeout
         )
+
+    def register(self, url: str) -> str:
+        """`url` as requests are sent to it: without its userinfo, which becomes the
+        credential of requests to it (`credential`). Every upstream URL goes through here."""
+        bare, credential = split_credentials(url.rstrip("/"))
+        bare = bare.rstrip("/")
+        if credential is not None:
+            self._credentials[bare] = (URL(bare).origin(), credential)
+        return bare
+
+    def credential(self, url: str | URL) -> str | None:
+        """The Authorization a request to `url` carries instead of the client's, or None
+        (the client's goes as it is). `upstream.api_key` first; else the userinfo of the
+        upstream URL the request is under (the longest one), or of one on the same server
+        (its root endpoints: llama.cpp's /tokenize, a health path). Never both, and never
+        the client's with a URL's: the operator's credential replaces the client's."""
+        if self.settings.api_key:
+            return f"Bearer {self.settings.api_key}"
+        if not self._credentials:
+            return None
+        text = str(url)
+        under = [b for b in self._credentials if text == b or text.startswith((b + "/", b + "?"))]
+        if under:
+            return self._credentials[max(under, key=len)][1]
+        origin = URL(text).origin()
+        return next((c for o, c in self._credentials.values() if o == origin), None)
 
     async def _outgoing(
         self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
@@ -157,12 +217,16 @@ class UpstreamClient:
         """Client middleware for the session's other requests (passthrough, probes, health
         checks): the configured credential replaces the client's, and the request id travels
         along. Model calls (`_post`) do the same without the middleware chain."""
-        self._outgoing_headers(request.headers)
+        self._outgoing_headers(request.headers, request.url)
         return await handler(request)
 
-    def _outgoing_headers(self, headers: MutableMapping[str, str]) -> None:
-        if self.settings.api_key:
-            headers["Authorization"] = f"Bearer {self.settings.api_key}"
+    def _outgoing_headers(self, headers: MutableMapping[str, str], url: str | URL) -> None:
+        credential = self.credential(url)
+        if credential is not None:
+            # whatever its case: a plain dict of forwarded headers may hold `authorization`
+            for name in [k for k in headers if k.lower() == "authorization"]:
+                headers.pop(name, None)
+            headers["Authorization"] = credential
         rid = request_id_var.get()
         if rid:
             headers["X-Request-Id"] = rid
@@ -176,7 +240,8 @@ class UpstreamClient:
         # upstream.max_connections bounds each replica (its gate, upstream/pool.py); the one
         # connector and its keep-alive pool are shared by them all
         replicas = max(1, len(self.settings.replicas))
-        connector = aiohttp.TCPConnector(limit=self.settings.max_connections * replicas)
+        # a pooled connection the server closed is never used (upstream/connector.py)
+        connector = CheckedConnector(limit=self.settings.max_connections * replicas)
         timeout = aiohttp.ClientTimeout(
             total=None,
             connect=self.settings.connect_timeout,
@@ -225,8 +290,8 @@ class UpstreamClient:
             "Accept-Encoding": "identity",
             **headers,
         }
-        self._outgoing_headers(send)  # what the session's middleware does for other requests
         base = self.base_url if base_url is None else base_url
+        self._outgoing_headers(send, base)  # the session's middleware's work, for other requests
         if path.startswith(ROOT):  # the server's own endpoint, beside its /v1 API
             base, path = server_root(base), path[len(ROOT) :]
         async with (self.gate if gate is None else gate).slot():
@@ -268,30 +333,23 @@ class UpstreamClient:
     async def _post(
         self, url: URL, body: bytes, headers: Mapping[str, str]
     ) -> aiohttp.ClientResponse:
-        """POST, once more if a pooled keep-alive connection turned out to be closed.
-
-        A server may close an idle keep-alive connection just as the pool hands it out
-        (llama.cpp's does after a few seconds); the request then fails before any answer
-        and is safe to send again on a new connection. Refused connections, timeouts and
-        anything after the answer began are not retried."""
+        """POST once. A model call is never sent twice: a request that was written may have
+        been read (and started a generation) however the connection failed after it. The
+        one failure that leaves nothing sent on a live-looking connection, a pooled
+        keep-alive connection the server closed as it was handed out (llama.cpp closes idle
+        ones after a few seconds), is caught before the write by the connector
+        (upstream/connector.py), which takes another connection."""
         assert self.session is not None
-        # the session's middlewares' work is done here (`stream` set the credential, a
-        # redirect is refused below) without aiohttp building their chain per model call
-        post = partial(
-            self.session.post,
-            url,
-            data=body,
-            headers=headers,
-            allow_redirects=False,
-            middlewares=(),
-        )
         try:
-            resp = await post()
-        except aiohttp.ClientConnectorError:
-            raise
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            log.info("upstream connection was closed before the request (%s); resending", exc)
-            resp = await post()
+            # the session's middlewares' work is done here (`stream` set the credential, a
+            # redirect is refused below) without aiohttp building their chain per model call
+            resp = await self.session.post(
+                url, data=body, headers=headers, allow_redirects=False, middlewares=()
+            )
+        except ValueError as exc:  # aiohttp refused to build it: never a 500 of ours
+            shown = redact_url(str(url))
+            message = f"the request to the upstream at {shown} could not be made ({exc})"
+            raise UpstreamError(message, status=502, code="upstream_unavailable") from None
         if resp.status in REDIRECTS:
             resp.release()
             raise RedirectRefused(resp.status)
@@ -320,6 +378,13 @@ class UpstreamClient:
         if started:
             message = f"the connection to the upstream at {shown} broke mid-stream ({reason})"
             return UpstreamError(message, status=502, started=True, code="upstream_unavailable")
+        if sent_then_closed(exc):
+            message = (
+                f"the upstream at {shown} closed the connection after the request was sent, "
+                f"before answering ({reason}); it was not sent again, since the model may "
+                "have taken it"
+            )
+            return UpstreamError(message, status=502, code="upstream_unavailable")
         message = f"cannot reach the upstream at {shown} ({reason})"
         kind = ConnectFailed if isinstance(exc, aiohttp.ClientConnectorError) else UpstreamError
         return kind(message, status=502, code="upstream_unavailable")

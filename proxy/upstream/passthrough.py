@@ -86,8 +86,8 @@ async def _relay(
     except RedirectRefused as exc:  # relayed, the client would follow it with its key
         log.warning("passthrough %s %s: upstream redirect %s", request.method, request.path, exc)
         raise upstream_redirect(exc.status) from None
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        shown = redact_url(client.base_url)
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+        shown = redact_url(base_url)
         log.warning(
             "passthrough %s %s to %s failed: %s", request.method, request.path, shown, describe(exc)
         )

@@ -164,9 +164,10 @@ def replica_name(url: str) -> str:
 @dataclass(eq=False)
 class Replica:
     name: str  # `host:port`: the metrics label and what a cached response records
-    url: str  # the base URL, ending before `/responses`
+    url: str  # the base URL, ending before `/responses`, without userinfo (client.register)
     gate: UpstreamGate
     health: Health
+    shown: str = ""  # the URL as configured, redacted: what /readyz shows
     in_flight: int = 0  # requests placed here and not finished (waiting for the gate too)
     outcomes: Counter[str] = field(default_factory=Counter)
 
@@ -197,7 +198,7 @@ class UpstreamPool:
         health = Health(
             s.healthy_threshold, s.unhealthy_threshold, s.eject_after_failures, s.eject_seconds
         )
-        return Replica(name, url.rstrip("/"), gate, health)
+        return Replica(name, self.client.register(url), gate, health, redact_url(url))
 
     def set_urls(self, urls: Sequence[str]) -> None:
         """Set the replicas (the built-in simulated upstream's URL is known only once it
@@ -236,7 +237,7 @@ class UpstreamPool:
         return [
             {
                 "name": r.name,
-                "url": redact_url(r.url),
+                "url": r.shown,
                 "healthy": r.health.healthy,
                 "ejected": r.health.ejected(now),
                 "in_flight": r.in_flight,
@@ -400,7 +401,7 @@ class UpstreamPool:
                 self.health_url(replica), timeout=timeout, headers=HEALTH_CHECK_HEADERS
             ) as resp:
                 ok = resp.status < 500
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):  # ValueError: not built
             ok = False
         changed = replica.health.checked(ok)
         if changed is False:

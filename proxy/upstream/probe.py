@@ -67,7 +67,7 @@ async def _post_empty(upstream: UpstreamClient, base: str, path: str) -> int | N
             url, data=b"{}", headers={"Content-Type": "application/json"}, timeout=timeout
         ) as resp:
             return resp.status
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
         log.info(
             "upstream.api=auto: probe of %s failed (%s); the first request decides",
             redact_url(url),

@@ -53,7 +53,7 @@ async def _fetch(client: UpstreamClient, url: str, body: bytes | None = None) ->
             method, url, data=body, headers=headers, timeout=timeout
         ) as resp:
             return resp.status, await resp.read()
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
         raise NotReady(f"{redact_url(url)} did not answer ({describe(exc)})") from None
 
 

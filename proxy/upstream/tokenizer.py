@@ -120,6 +120,6 @@ class TokenizeWorker:
                     log.info("tokenizer at %s answered HTTP %s", redact_url(url), resp.status)
                     return None
                 return tokenize_count(wire.loads(await self._body(resp)))
-        except (aiohttp.ClientError, OSError, TimeoutError, wire.JSONDecodeError) as exc:
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
             log.info("tokenizer at %s failed: %s", redact_url(url), type(exc).__name__)
             return None

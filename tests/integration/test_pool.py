@@ -371,13 +371,15 @@ async def test_the_session_key_and_slot_reach_the_upstream(
     async with connect(proxy.ws) as ws:
         body, headers, first = await served(ws, input="hi")
         key = body["prompt_cache_key"]
-        assert key.startswith("conn_") and headers["x-session-id"] == key
+        assert key.startswith("c_") and headers["x-session-id"] == key  # the connection's
         assert isinstance(body["id_slot"], int) and 0 <= body["id_slot"] < 4
         again, headers, _ = await served(ws, input="more", previous_response_id=first)
         assert again["prompt_cache_key"] == key and headers["x-session-id"] == key
         assert again["id_slot"] == body["id_slot"]
         body, headers, _ = await served(ws, input="mine", prompt_cache_key="user-7")
-        assert body["prompt_cache_key"] == "user-7" and headers["x-session-id"] == "user-7"
+        # the client's key goes as it is; the session key is derived from it for the credential
+        assert body["prompt_cache_key"] == "user-7"
+        assert headers["x-session-id"].startswith("p_") and "user-7" not in headers["x-session-id"]
     quiet = await proxy_factory(
         one.url,
         upstream__health_interval=0,
@@ -388,6 +390,28 @@ async def test_the_session_key_and_slot_reach_the_upstream(
         await turn(ws, input="hi")
     assert "prompt_cache_key" not in one.bodies()[-1] and "id_slot" not in one.bodies()[-1]
     assert "x-session-id" not in {k.lower() for k in one.state.last_headers}
+
+
+async def test_two_credentials_never_share_a_session_key(
+    sim: Sim, proxy_factory: ProxyFactory
+) -> None:
+    """Over plain HTTP the key of a conversation is derived from its start: two credentials
+    with the same instructions and first input get two keys upstream (a shared one would
+    share a prompt cache across tenants); one credential gets the same key every time."""
+    proxy = await proxy_factory(sim.url, upstream__llamacpp_slots=64)
+    body = {"model": "sim", "instructions": "be brief", "input": "hello", "store": False}
+
+    async def keys(credential: str) -> tuple[str, str, int]:
+        status, _ = await post_responses(proxy, body, {"Authorization": f"Bearer {credential}"})
+        assert status == 200
+        sent = sim.bodies()[-1]
+        assert sim.state.last_headers["Authorization"] == f"Bearer {credential}"
+        return sim.state.last_headers["x-session-id"], sent["prompt_cache_key"], sent["id_slot"]
+
+    alice, bob, alice_again = await keys("alice"), await keys("bob"), await keys("alice")
+    assert alice[0] == alice[1] and bob[0] == bob[1]
+    assert alice[0] != bob[0]
+    assert alice_again == alice
 
 
 async def test_cached_tokens_are_counted_per_replica_and_shown_to_the_client(

@@ -1,6 +1,6 @@
 """What the session tells the upstream pool about a turn (core/routing.py): the replica of its
 parent and its chain's key, on every lane and fork; and what goes upstream with it (the
-session key as prompt_cache_key, llama.cpp's id_slot)."""
+session key as prompt_cache_key, llama.cpp's id_slot). Every key is the credential's own."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 from wsmode.core.dialects.chat import ChatDialect
-from wsmode.core.routing import cached_tokens, slot_of
+from wsmode.core.routing import CLIENT, CONNECTION, cached_tokens, chain_key, slot_of
 from wsmode.core.session import Session
 from wsmode.core.sse import SSEEvent
 
@@ -24,10 +24,13 @@ from tests.support.session import (
     user,
 )
 
+OWNER = "owner-a"
+CONN = chain_key(OWNER, CONNECTION, "conn_abc")  # the key of a chain of connection conn_abc
 
-def _session(chain_key: str | None = None, **policy: object) -> Session:
+
+def _session(connection: str | None = None, owner: str = OWNER, **policy: object) -> Session:
     s = make_session()
-    return replace(s, chain_key=chain_key, policy=replace(s.policy, **policy))  # type: ignore[arg-type]
+    return replace(s, chain_key=connection, owner=owner, policy=replace(s.policy, **policy))  # type: ignore[arg-type]
 
 
 def _turn(s: Session, replica: str | None, **fields: object) -> str:
@@ -44,19 +47,19 @@ def test_a_new_chain_keys_on_the_connection_and_has_no_replica() -> None:
     s = _session("conn_abc")
     start = the_start(create(s))
     assert start.route is not None
-    assert start.route.replica is None and start.route.chain == "conn_abc"
+    assert start.route.replica is None and start.route.chain == CONN
 
 
 def test_every_turn_lane_and_fork_of_a_chain_carries_its_parent_replica() -> None:
     s = _session("conn_abc")
     first = _turn(s, "r1:1")
     entry = s.cache.peek(first)
-    assert entry is not None and entry.replica == "r1:1" and entry.chain == "conn_abc"
+    assert entry is not None and entry.replica == "r1:1" and entry.chain == CONN
     # a continuation on another lane (a fork) and on the same lane
     for lane in ("side", None):
         start = the_start(create(s, previous_response_id=first, stream_id=lane))
         assert start.route is not None
-        assert (start.route.replica, start.route.chain) == ("r1:1", "conn_abc")
+        assert (start.route.replica, start.route.chain) == ("r1:1", CONN)
         routed(s, start.run_id, "r1:1")
         complete(s, start)
 
@@ -67,19 +70,19 @@ def test_a_moved_chain_stays_on_its_new_replica() -> None:
     second = _turn(s, "r2:2", previous_response_id=first)  # the pool moved it
     start = the_start(create(s, previous_response_id=second))
     assert start.route is not None and start.route.replica == "r2:2"
-    assert start.route.chain == "conn_abc"  # the key never changes with the replica
+    assert start.route.chain == CONN  # the key never changes with the replica
 
 
 def test_the_client_prompt_cache_key_names_the_chain() -> None:
     s = _session("conn_abc")
     first = _turn(s, "r1:1", prompt_cache_key="user-42")
     start = the_start(create(s, previous_response_id=first))
-    assert start.route is not None and start.route.chain == "user-42"
+    assert start.route is not None and start.route.chain == chain_key(OWNER, CLIENT, "user-42")
 
 
 def test_without_a_connection_the_key_is_the_conversation_start() -> None:
-    def chain(**fields: Any) -> str:
-        start = the_start(create(_session(None), **fields))
+    def chain(owner: str = OWNER, **fields: Any) -> str:
+        start = the_start(create(_session(None, owner), **fields))
         assert start.route is not None
         return start.route.chain
 
@@ -92,9 +95,30 @@ def test_without_a_connection_the_key_is_the_conversation_start() -> None:
     assert chain(instructions="be brief", input=[user("hi"), user("more")]) == key
 
 
+def test_two_credentials_never_share_a_key() -> None:
+    """The same first turn, the same prompt_cache_key or the same connection id from two
+    credentials: two keys (a shared one would share a prompt cache across tenants). The
+    client's own prompt_cache_key still goes upstream as it wrote it."""
+
+    def start_of(owner: str, connection: str | None, **fields: Any) -> tuple[str, Any]:
+        start = the_start(create(_session(connection, owner, session_key_in_body=True), **fields))
+        assert start.route is not None
+        return start.route.chain, body_of(start).get("prompt_cache_key")
+
+    for connection in (None, "conn_abc"):
+        a, a_body = start_of("owner-a", connection, instructions="be brief")
+        b, b_body = start_of("owner-b", connection, instructions="be brief")
+        assert a != b and a_body == a and b_body == b
+        assert start_of("owner-a", connection, instructions="be brief")[0] == a
+        a, a_body = start_of("owner-a", connection, prompt_cache_key="shared")
+        b, b_body = start_of("owner-b", connection, prompt_cache_key="shared")
+        assert a != b and a_body == b_body == "shared"
+        assert start_of("owner-a", connection, prompt_cache_key="shared")[0] == a
+
+
 def test_the_session_key_goes_in_the_body_unless_the_client_set_one() -> None:
     s = _session("conn_abc", session_key_in_body=True)
-    assert body_of(the_start(create(s)))["prompt_cache_key"] == "conn_abc"
+    assert body_of(the_start(create(s)))["prompt_cache_key"] == CONN
     s = _session("conn_abc", session_key_in_body=True)
     assert body_of(the_start(create(s, prompt_cache_key="mine")))["prompt_cache_key"] == "mine"
     s = _session("conn_abc", session_key_in_body=False)
@@ -104,12 +128,12 @@ def test_the_session_key_goes_in_the_body_unless_the_client_set_one() -> None:
 def test_llamacpp_slot_pinning_puts_a_stable_id_slot_in_the_body() -> None:
     s = _session("conn_abc", llamacpp_slots=4)
     body = body_of(the_start(create(s)))
-    assert body["id_slot"] == slot_of("conn_abc", 4) and 0 <= body["id_slot"] < 4
+    assert body["id_slot"] == slot_of(CONN, 4) and 0 <= body["id_slot"] < 4
     assert "id_slot" not in body_of(the_start(create(_session("conn_abc"))))
     chat = _session("conn_abc", llamacpp_slots=4, session_key_in_body=True)
     chat.policy = replace(chat.policy, dialect=ChatDialect())
     body = body_of(the_start(create(chat)))
-    assert body["id_slot"] == slot_of("conn_abc", 4) and body["prompt_cache_key"] == "conn_abc"
+    assert body["id_slot"] == slot_of(CONN, 4) and body["prompt_cache_key"] == CONN
 
 
 def test_finished_reports_the_cached_tokens_of_the_usage() -> None:
