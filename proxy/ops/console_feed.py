@@ -94,6 +94,13 @@ class ConsoleFeed:
     def unsubscribe(self, sub: Subscriber) -> None:
         self.subscribers.discard(sub)
 
+    def drop(self, sub: Subscriber) -> None:
+        """Drop a page that takes nothing (its writer waited too long on it)."""
+        if sub in self.subscribers:
+            self.subscribers.discard(sub)
+            self.dropped += 1
+        sub.drop()
+
     # ---- events
     def publish(self, event: dict[str, Any]) -> None:
         """Keep `event` in the ring and offer it to every page. Never waits."""
