@@ -16,12 +16,13 @@ listener only with proxy auth configured (the app refuses to start without).
 
 The feed: a `hello` event (the console's settings), a `state` snapshot (proxy/console/
 state.py), the ring's recent events, then each new event as it is published and a snapshot
-every `console.state_interval`. A page that falls `console.subscriber_queue` events behind,
-or whose socket takes no byte for `_STALL` seconds, is dropped (its socket closed; the page
-reconnects); while the server drains, feeds end. Every write is bounded by the feed's buffer,
-the first one too (the ring goes in pieces), and a feed that ends never waits on its page:
-what cannot be flushed within `_CLOSE_BOUND` seconds is cut (the socket aborted), so a page
-that never reads holds neither a socket nor memory, nor a drain past its grace.
+every `console.state_interval` (one per interval for every page: ops/console_feed.py). A
+page that falls `console.subscriber_queue` events behind, or whose socket takes no byte for
+`_STALL` seconds, is dropped (its socket closed; the page reconnects); while the server
+drains, feeds end. Every write is bounded by the feed's buffer, the first one too (the ring
+goes in pieces), and a feed that ends never waits on its page: what cannot be flushed within
+`_CLOSE_BOUND` seconds is cut (the socket aborted), so a page that never reads holds neither
+a socket nor memory, nor a drain past its grace.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def install(app: web.Application, ops: Ops) -> None:
             "on 127.0.0.1"
         )
     ops.console = ConsoleFeed(settings.console)
+    ops.console.source = lambda: snapshot(app[APP_STATE], ops)
     static = resources.files(__package__) / "static"
     for path, (name, content_type) in FILES.items():
         body = (static / name).read_bytes()
@@ -145,7 +147,6 @@ def hang_up(transport: asyncio.Transport | None) -> None:
 
 async def _feed(request: web.Request) -> web.StreamResponse:
     ops = request.app[OPS]
-    state = request.app[APP_STATE]
     console = ops.console
     assert console is not None
     transport = request.transport
@@ -179,13 +180,13 @@ async def _feed(request: web.Request) -> web.StreamResponse:
             "backlog": len(backlog),  # the ring's events that follow the first snapshot
         }
         write = _Writer(resp, console, sub)
-        await write([wire.dumps(hello), wire.dumps(snapshot(state, ops))])
+        tick, state = console.state(asyncio.get_running_loop().time())
+        await write([wire.dumps(hello), state])
         for piece in _pieces(backlog, _PIECE):
             if sub.dropped or reader.closing:
                 return resp
             await write(piece)
-        interval = console.settings.state_interval
-        await _stream(write, sub, reader, lambda: wire.dumps(snapshot(state, ops)), interval)
+        await _stream(write, console, sub, reader, tick)
     except ConnectionError:
         pass  # the page left, or was dropped for being too slow
     except asyncio.CancelledError:
@@ -236,17 +237,18 @@ def _pieces(frames: list[bytes], size: int) -> Iterator[list[bytes]]:
 
 async def _stream(
     write: Callable[[list[bytes]], Awaitable[None]],
+    console: ConsoleFeed,
     sub: Subscriber,
     reader: _Reader,
-    state: Callable[[], bytes],
-    interval: float,
+    sent: int,
 ) -> None:
-    """New events as they come, and a snapshot every `interval` seconds, until the page
-    leaves, is dropped, or the server drains."""
+    """New events as they come, and each interval's snapshot (shared by every page) once
+    its interval begins, until the page leaves, is dropped, or the server drains. `sent`:
+    the interval of the last snapshot sent."""
     loop = asyncio.get_running_loop()
-    next_state = loop.time() + interval
+    interval = console.settings.state_interval
     while True:
-        wait = next_state - loop.time()
+        wait = (sent + 1) * interval - loop.time()
         if wait > 0:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
@@ -254,9 +256,10 @@ async def _stream(
         if sub.dropped or reader.closing:
             return
         frames = sub.take()
-        if loop.time() >= next_state:
-            frames.append(state())
-            next_state = loop.time() + interval
+        tick, state = console.state(loop.time())
+        if tick > sent:
+            frames.append(state)
+            sent = tick
         if frames:
             await write(frames)
 

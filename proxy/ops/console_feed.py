@@ -10,6 +10,10 @@ socket closed; the page reconnects and starts again from the ring), so a page th
 reading can never hold up a turn or grow the proxy's memory. At most
 `console.max_subscribers` pages read at once.
 
+The snapshot every page gets each `console.state_interval` (`state`) is computed once per
+interval, on a clock every page shares, and the same bytes go to them all: eight pages cost
+what one does.
+
 Nothing here reads payload text unless `console.show_content` is true: events carry ids,
 counts, byte sizes, timings, outcomes and error codes.
 """
@@ -17,6 +21,7 @@ counts, byte sizes, timings, outcomes and error codes.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -80,6 +85,11 @@ class ConsoleFeed:
         self.subscribers: set[Subscriber] = set()
         self.published = 0
         self.dropped = 0  # subscribers dropped for being too slow
+        # the snapshot's source (proxy/console/state.py, set when the routes are added), and
+        # the last one computed: its interval's number and its bytes
+        self.source: Callable[[], dict[str, Any]] | None = None
+        self.snapshots = 0  # snapshots computed
+        self._state: tuple[int, bytes] | None = None
 
     # ---- pages
     def subscribe(self, on_drop: Callable[[], None]) -> tuple[Subscriber, list[bytes]] | None:
@@ -100,6 +110,21 @@ class ConsoleFeed:
             self.subscribers.discard(sub)
             self.dropped += 1
         sub.drop()
+
+    # ---- snapshots
+    def tick(self, now: float) -> int:
+        """The number of the state interval `now` (monotonic seconds) falls in."""
+        return math.floor(now / self.settings.state_interval)
+
+    def state(self, now: float) -> tuple[int, bytes]:
+        """This interval's snapshot, encoded, and the interval's number: computed by the
+        first page to ask in an interval, the same bytes for the others."""
+        tick = self.tick(now)
+        if self._state is None or self._state[0] != tick:
+            assert self.source is not None
+            self.snapshots += 1
+            self._state = (tick, orjson.dumps(self.source()))
+        return self._state
 
     # ---- events
     def publish(self, event: dict[str, Any]) -> None:

@@ -243,7 +243,11 @@ function renderConnections(s) {
     ]),
   );
   fill($("connections").tBodies[0], rows, 7, "no WebSocket connection open");
-  $("connections-count").textContent = `(${s.connections.length})`;
+  // a snapshot lists the newest connections only; `connections_open` counts them all
+  const open = s.connections_open === undefined ? s.connections.length : s.connections_open;
+  $("connections-count").textContent = open > s.connections.length
+    ? `(${num(open)}; the newest ${num(s.connections.length)} listed)`
+    : `(${num(open)})`;
   $("http-in-flight").textContent = `HTTP requests in flight: ${s.http_in_flight}` +
     (s.draining ? " · draining" : "");
 }
