@@ -15,7 +15,10 @@ interval, on a clock every page shares, and the same bytes go to them all: eight
 what one does.
 
 Nothing here reads payload text unless `console.show_content` is true: events carry ids,
-counts, byte sizes, timings, outcomes and error codes.
+counts, byte sizes, timings, outcomes and error codes. Response ids are shown whole only
+with `console.show_content` too: an id is what `GET /v1/responses/{id}/input_items` and
+`DELETE /v1/responses/{id}` take, so with content hidden the feed carries `short_id`'s form
+(`resp_0123abcd…`), enough to tell turns apart and link a conversation's, never to name one.
 """
 
 from __future__ import annotations
@@ -36,6 +39,18 @@ from ..core import wire
 # console.show_content: enough to recognise a turn, bounded so an event stays small
 TEXT_LIMIT = 2000
 RECENT_ERRORS = 50  # errors the snapshot keeps after they left the ring
+ID_SHOWN = 8  # characters of an id's random part the console shows with content hidden
+
+
+def short_id(value: str | None) -> str | None:
+    """`resp_0123456789abcdef…` -> `resp_01234567…`: its prefix, the first `ID_SHOWN`
+    characters of the rest (a quarter of it at most) and an ellipsis."""
+    if value is None:
+        return None
+    prefix, sep, rest = value.partition("_")
+    if not sep:
+        prefix, rest = "", value
+    return f"{prefix}{sep}{rest[: min(ID_SHOWN, len(rest) // 4)]}…"
 
 
 class Subscriber:
@@ -110,6 +125,10 @@ class ConsoleFeed:
             self.subscribers.discard(sub)
             self.dropped += 1
         sub.drop()
+
+    def shown_id(self, value: str | None) -> str | None:
+        """A response id as the feed may carry it: whole only with `show_content`."""
+        return value if self.show_content else short_id(value)
 
     # ---- snapshots
     def tick(self, now: float) -> int:

@@ -69,6 +69,12 @@ async def read_events(
     raise AssertionError(f"the feed ended early: {events}")
 
 
+def short(rid: str) -> str:
+    """The console's form of a `resp_` + 32 hex id with content hidden (the default): whole
+    ids are shown only with console.show_content (tests/integration/test_console_ids.py)."""
+    return rid[: len("resp_") + 8] + "…"
+
+
 def turns(events: Events) -> Events:
     return [e for e in events if e["type"] == "turn"]
 
@@ -101,8 +107,8 @@ async def test_the_feed_shows_each_turn_with_its_bytes_and_no_payload_text(
     hello = events[0]
     assert hello["type"] == "hello" and hello["show_content"] is False
     shown = turns(events)
-    assert [t["response_id"] for t in shown] == [resp.id for resp in done]
-    assert [t["previous_response_id"] for t in shown] == [None, done[0].id, done[1].id]
+    assert [t["response_id"] for t in shown] == [short(resp.id) for resp in done]
+    assert [t["previous_response_id"] for t in shown] == [None, *(short(r.id) for r in done[:2])]
     metrics = await scrape(proxy)
     # the bytes of each turn add up to what the proxy counted: from the client, and upstream
     assert sum(t["client_bytes"] for t in shown) == sample(
@@ -278,7 +284,7 @@ async def test_a_page_that_stops_reading_is_dropped_and_nothing_waits_for_it(
         # a turn while the page is connected and not reading: nothing waits for it
         client = openai_client(proxy.http, api_key="sk-test")
         [resp] = await conversation(client, ("one",))
-        await until(lambda: any(e.get("response_id") == resp.id for e in seen))
+        await until(lambda: any(e.get("response_id") == short(resp.id) for e in seen))
 
         def flood() -> bool:  # large events until the stuck page's buffers and queue are full
             console.publish({"type": "padding", "pad": "x" * 65536})
@@ -287,7 +293,7 @@ async def test_a_page_that_stops_reading_is_dropped_and_nothing_waits_for_it(
         await until(flood, timeout=30)
         assert console.subscribers and len(console.subscribers) == 1  # the quick page stays
         [resp] = await conversation(client, ("two",))
-        await until(lambda: any(e.get("response_id") == resp.id for e in seen))
+        await until(lambda: any(e.get("response_id") == short(resp.id) for e in seen))
         assert not reader.done()
         # the proxy closed the stuck page's socket: after what was buffered, the end
         stuck.setblocking(False)
