@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import aiohttp
 import orjson
@@ -22,6 +21,7 @@ from wsmode.app import create_app
 from wsmode.config import ConfigError
 from wsmode.ops.middleware import OPS
 
+from tests.support.console_feed import SECRET_WORDS, Events, conversation, read_events, short
 from tests.support.helpers import (
     Proxy,
     Sim,
@@ -30,49 +30,12 @@ from tests.support.helpers import (
     proxy_settings,
     sample,
     scrape,
-    sdk_chain,
     seconds,
     send,
     until,
     until_terminal,
     user,
 )
-
-Events = list[dict[str, Any]]
-SECRET_WORDS = ("zebra-quartz", "mango-lantern", "violet-anchor")
-
-
-async def conversation(client: AsyncOpenAI, words: tuple[str, ...] = SECRET_WORDS) -> list[Any]:
-    """One WebSocket conversation, a turn per word, each continuing the last."""
-    async with client.responses.connect() as conn:
-        return await sdk_chain(conn, words)
-
-
-async def read_events(
-    resp: aiohttp.ClientResponse,
-    enough: Callable[[Events], bool],
-    events: Events | None = None,
-    timeout: float = 10,
-) -> Events:
-    """The feed's events (its `data:` lines, added to `events` as they come) until `enough`
-    holds for them."""
-    events = [] if events is None else events
-    buffer = b""
-    async with asyncio.timeout(seconds(timeout)):
-        async for chunk in resp.content.iter_any():
-            buffer += chunk
-            while b"\n\n" in buffer:
-                block, buffer = buffer.split(b"\n\n", 1)
-                events += [orjson.loads(x[6:]) for x in block.split(b"\n") if x[:6] == b"data: "]
-            if enough(events):
-                return events
-    raise AssertionError(f"the feed ended early: {events}")
-
-
-def short(rid: str) -> str:
-    """The console's form of a `resp_` + 32 hex id with content hidden (the default): whole
-    ids are shown only with console.show_content (tests/integration/test_console_ids.py)."""
-    return rid[: len("resp_") + 8] + "…"
 
 
 def turns(events: Events) -> Events:

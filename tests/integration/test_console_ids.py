@@ -12,7 +12,7 @@ import aiohttp
 import orjson
 from openai import AsyncOpenAI
 
-from tests.integration.test_console import conversation, short
+from tests.support.console_feed import conversation, short
 from tests.support.helpers import Proxy, Sim, post_responses
 
 

@@ -17,7 +17,7 @@ from wsmode.console import state
 from wsmode.ops.middleware import OPS
 from wsmode.ws_front import ClientConnection
 
-from tests.integration.test_console import Events, read_events
+from tests.support.console_feed import Events, read_events
 from tests.support.helpers import Proxy, Sim, until
 
 PAGES = 4

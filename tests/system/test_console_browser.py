@@ -24,6 +24,7 @@ import pytest
 from openai import AsyncOpenAI
 from playwright.async_api import Locator, Page, Route, async_playwright
 
+from tests.support.console_feed import short
 from tests.support.helpers import Proxy, Sim, sample, scrape, sdk_chain, sdk_terminal, seconds
 
 CHROMIUM = "/usr/bin/chromium"
@@ -75,11 +76,6 @@ async def browser(profile: Path, origin: str) -> AsyncIterator[tuple[Page, list[
             yield page, outside
         finally:
             await context.close()
-
-
-def short(rid: str) -> str:
-    """A response id as the page shows it with content hidden."""
-    return rid[: len("resp_") + 8] + "…"
 
 
 def number(text: str) -> int:
