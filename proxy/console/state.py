@@ -22,8 +22,9 @@ def upstreams(state: AppState) -> list[dict[str, Any]]:
 # WebSocket connections a snapshot lists, newest first; the others are only counted. A
 # snapshot's cost is in what it lists, not in how many connections are open.
 SHOWN = 100
-_LOOKED_AT = 8  # of the registry's newest entries per connection listed (HTTP turns and
-# console feeds are in it too, and are passed over)
+# The registry holds HTTP turns and console feeds too, passed over: at most this many of its
+# newest entries are looked at per connection listed.
+_LOOKED_AT = 8
 
 
 def connections(ops: Ops) -> list[dict[str, Any]]:
