@@ -16,8 +16,13 @@ listener only with proxy auth configured (the app refuses to start without).
 
 The feed: a `hello` event (the console's settings), a `state` snapshot (proxy/console/
 state.py), the ring's recent events, then each new event as it is published and a snapshot
-every `console.state_interval`. A page that falls `console.subscriber_queue` events behind
-is dropped (its socket closed; the page reconnects); while the server drains, feeds end.
+every `console.state_interval` (one per interval for every page: ops/console_feed.py). A
+page that falls `console.subscriber_queue` events behind, or whose socket takes no byte for
+`_STALL` seconds, is dropped (its socket closed; the page reconnects); while the server
+drains, feeds end. Every write is bounded by the feed's buffer, the first one too (the ring
+goes in pieces), and a feed that ends never waits on its page: what cannot be flushed within
+`_CLOSE_BOUND` seconds is cut (the socket aborted), so a page that never reads holds neither
+a socket nor memory, nor a drain past its grace.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from importlib import resources
 from typing import Any
 
@@ -59,6 +64,9 @@ HEADERS = {
 }
 # what a feed may hold in the proxy's and the kernel's buffers for a page not reading
 _FEED_BUFFER = 256 * 1024
+_PIECE = _FEED_BUFFER // 4  # the ring a page opening the feed gets, at most this per write
+_CLOSE_BOUND = 1.0  # seconds a feed's socket may take to flush once it is closed
+_STALL = 10.0  # seconds a write may wait on a page that takes nothing before it is dropped
 
 
 def enabled(settings: Settings) -> bool:
@@ -82,6 +90,7 @@ def install(app: web.Application, ops: Ops) -> None:
             "on 127.0.0.1"
         )
     ops.console = ConsoleFeed(settings.console)
+    ops.console.source = lambda: snapshot(app[APP_STATE], ops)
     static = resources.files(__package__) / "static"
     for path, (name, content_type) in FILES.items():
         body = (static / name).read_bytes()
@@ -102,32 +111,46 @@ def _sse(event: bytes) -> bytes:
 
 
 class _Reader:
-    """One open feed, known to the drain like a connection: a drain ends it."""
+    """One open feed, known to the drain like a connection: a drain ends it, and cuts its
+    socket if its writer still waits on the page `_CLOSE_BOUND` seconds later."""
 
-    def __init__(self, sub: Subscriber) -> None:
+    def __init__(self, sub: Subscriber, transport: asyncio.Transport | None) -> None:
         self.sub = sub
+        self.transport = transport
         self.closing = False
+        self.done = False
 
     def begin_drain(self, grace: float) -> None:
         self.closing = True
         self.sub.ready.set()
+        loop = asyncio.get_running_loop()
+        loop.call_later(min(grace, _CLOSE_BOUND), self._cut_if_stuck)
+
+    def _cut_if_stuck(self) -> None:
+        transport = self.transport
+        if transport is not None and (not self.done or transport.get_write_buffer_size()):
+            transport.abort()
 
     def queued_creates(self) -> int:
         return 0
 
 
+def hang_up(transport: asyncio.Transport | None) -> None:
+    """Close a feed's socket now, and abort it if what is buffered for the page cannot be
+    flushed within `_CLOSE_BOUND` seconds (a page that does not read would keep it open
+    for good: `close()` waits for the flush)."""
+    if transport is None or transport.is_closing():
+        return
+    transport.close()
+    asyncio.get_running_loop().call_later(_CLOSE_BOUND, transport.abort)
+
+
 async def _feed(request: web.Request) -> web.StreamResponse:
     ops = request.app[OPS]
-    state = request.app[APP_STATE]
     console = ops.console
     assert console is not None
     transport = request.transport
-
-    def hang_up() -> None:  # a page too slow for the feed: its socket goes now
-        if transport is not None:
-            transport.close()
-
-    joined = console.subscribe(hang_up)
+    joined = console.subscribe(lambda: hang_up(transport))  # a page too slow for the feed
     if joined is None:
         body = {
             "error": {
@@ -140,11 +163,12 @@ async def _feed(request: web.Request) -> web.StreamResponse:
         }
         return web.Response(status=503, body=wire.dumps(body), content_type="application/json")
     sub, backlog = joined
-    reader = _Reader(sub)
+    reader = _Reader(sub, transport if isinstance(transport, asyncio.Transport) else None)
     ops.register(reader)
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", **HEADERS, "X-Accel-Buffering": "no"}
     )
+    resp.force_close()  # a feed's connection ends with it: nothing may wait on it after
     try:
         await resp.prepare(request)
         _bound_buffers(request)
@@ -153,11 +177,16 @@ async def _feed(request: web.Request) -> web.StreamResponse:
             "show_content": console.show_content,
             "ring_size": console.settings.ring_size,
             "state_interval": console.settings.state_interval,
+            "backlog": len(backlog),  # the ring's events that follow the first snapshot
         }
-        first = [wire.dumps(hello), wire.dumps(snapshot(state, ops)), *backlog]
-        await resp.write(b"".join(_sse(e) for e in first))
-        interval = console.settings.state_interval
-        await _stream(resp, sub, reader, lambda: wire.dumps(snapshot(state, ops)), interval)
+        write = _Writer(resp, console, sub)
+        tick, state = console.state(asyncio.get_running_loop().time())
+        await write([wire.dumps(hello), state])
+        for piece in _pieces(backlog, _PIECE):
+            if sub.dropped or reader.closing:
+                return resp
+            await write(piece)
+        await _stream(write, console, sub, reader, tick)
     except ConnectionError:
         pass  # the page left, or was dropped for being too slow
     except asyncio.CancelledError:
@@ -168,24 +197,58 @@ async def _feed(request: web.Request) -> web.StreamResponse:
             raise  # the server is stopping
         task.uncancel()
     finally:
+        reader.done = True
         console.unsubscribe(sub)
         ops.unregister(reader)
     return resp
 
 
+class _Writer:
+    """Writes frames to one page; a write that waits `_STALL` seconds on a page that takes
+    nothing drops the page (ConnectionError)."""
+
+    def __init__(self, resp: web.StreamResponse, console: ConsoleFeed, sub: Subscriber) -> None:
+        self.resp = resp
+        self.console = console
+        self.sub = sub
+
+    async def __call__(self, frames: list[bytes]) -> None:
+        try:
+            async with asyncio.timeout(_STALL):
+                await self.resp.write(b"".join(_sse(f) for f in frames))
+        except TimeoutError:
+            self.console.drop(self.sub)
+            raise ConnectionResetError("the console page took nothing") from None
+
+
+def _pieces(frames: list[bytes], size: int) -> Iterator[list[bytes]]:
+    """`frames` in runs of at most `size` bytes (a frame larger than that is a run alone)."""
+    run: list[bytes] = []
+    held = 0
+    for frame in frames:
+        if run and held + len(frame) > size:
+            yield run
+            run, held = [], 0
+        run.append(frame)
+        held += len(frame)
+    if run:
+        yield run
+
+
 async def _stream(
-    resp: web.StreamResponse,
+    write: Callable[[list[bytes]], Awaitable[None]],
+    console: ConsoleFeed,
     sub: Subscriber,
     reader: _Reader,
-    state: Callable[[], bytes],
-    interval: float,
+    sent: int,
 ) -> None:
-    """New events as they come, and a snapshot every `interval` seconds, until the page
-    leaves, is dropped, or the server drains."""
+    """New events as they come, and each interval's snapshot (shared by every page) once
+    its interval begins, until the page leaves, is dropped, or the server drains. `sent`:
+    the interval of the last snapshot sent."""
     loop = asyncio.get_running_loop()
-    next_state = loop.time() + interval
+    interval = console.settings.state_interval
     while True:
-        wait = next_state - loop.time()
+        wait = (sent + 1) * interval - loop.time()
         if wait > 0:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
@@ -193,11 +256,12 @@ async def _stream(
         if sub.dropped or reader.closing:
             return
         frames = sub.take()
-        if loop.time() >= next_state:
-            frames.append(state())
-            next_state = loop.time() + interval
+        tick, state = console.state(loop.time())
+        if tick > sent:
+            frames.append(state)
+            sent = tick
         if frames:
-            await resp.write(b"".join(_sse(f) for f in frames))
+            await write(frames)
 
 
 def _bound_buffers(request: web.Request) -> None:

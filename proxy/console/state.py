@@ -1,6 +1,7 @@
 """What the console's snapshots hold: open connections, the upstreams and their health, the
 cache, the store and the memory budget against their bounds, recent errors. Read from the
-live objects when a snapshot is sent (every `console.state_interval`), like /metrics' gauges."""
+live objects once per `console.state_interval` for every page (ops/console_feed.py `state`),
+like /metrics' gauges; the connections listed are the newest `SHOWN`, with the count of all."""
 
 from __future__ import annotations
 
@@ -18,10 +19,21 @@ def upstreams(state: AppState) -> list[dict[str, Any]]:
     return state.pool.snapshot()
 
 
+# WebSocket connections a snapshot lists, newest first; the others are only counted. A
+# snapshot's cost is in what it lists, not in how many connections are open.
+SHOWN = 100
+# The registry holds HTTP turns and console feeds too, passed over: at most this many of its
+# newest entries are looked at per connection listed.
+_LOOKED_AT = 8
+
+
 def connections(ops: Ops) -> list[dict[str, Any]]:
-    """The WebSocket connections open now."""
-    out = []
-    for conn in list(ops.connections):
+    """The newest WebSocket connections open now, at most `SHOWN`."""
+    out: list[dict[str, Any]] = []
+    limit = SHOWN
+    for looked, conn in enumerate(reversed(ops.connections)):
+        if len(out) >= limit or looked >= limit * _LOOKED_AT:
+            break
         if isinstance(conn, ClientConnection):
             out.append(
                 {
@@ -80,6 +92,7 @@ def snapshot(state: AppState, ops: Ops) -> dict[str, Any]:
         "type": "state",
         "time": console.clock(),
         "connections": connections(ops),
+        "connections_open": ops.ws_open,  # all of them, listed or not
         "http_in_flight": max(0, ops.http_inflight - len(console.subscribers)),  # feeds aside
         "upstreams": upstreams(state),
         "dialect": state.policy.dialect.name,
@@ -90,6 +103,7 @@ def snapshot(state: AppState, ops: Ops) -> dict[str, Any]:
             "dropped": console.dropped,
             "ring": len(console.ring),
             "ring_size": console.ring.maxlen,
+            "snapshots": console.snapshots,  # computed, for every page at once
         },
         "draining": ops.draining,
     }

@@ -10,13 +10,21 @@ socket closed; the page reconnects and starts again from the ring), so a page th
 reading can never hold up a turn or grow the proxy's memory. At most
 `console.max_subscribers` pages read at once.
 
+The snapshot every page gets each `console.state_interval` (`state`) is computed once per
+interval, on a clock every page shares, and the same bytes go to them all: eight pages cost
+what one does.
+
 Nothing here reads payload text unless `console.show_content` is true: events carry ids,
-counts, byte sizes, timings, outcomes and error codes.
+counts, byte sizes, timings, outcomes and error codes. Response ids are shown whole only
+with `console.show_content` too: an id is what `GET /v1/responses/{id}/input_items` and
+`DELETE /v1/responses/{id}` take, so with content hidden the feed carries `short_id`'s form
+(`resp_0123abcd…`), enough to tell turns apart and link a conversation's, never to name one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -31,6 +39,18 @@ from ..core import wire
 # console.show_content: enough to recognise a turn, bounded so an event stays small
 TEXT_LIMIT = 2000
 RECENT_ERRORS = 50  # errors the snapshot keeps after they left the ring
+ID_SHOWN = 8  # characters of an id's random part the console shows with content hidden
+
+
+def short_id(value: str | None) -> str | None:
+    """`resp_0123456789abcdef…` -> `resp_01234567…`: its prefix, the first `ID_SHOWN`
+    characters of the rest (a quarter of it at most) and an ellipsis."""
+    if value is None:
+        return None
+    prefix, sep, rest = value.partition("_")
+    if not sep:
+        prefix, rest = "", value
+    return f"{prefix}{sep}{rest[: min(ID_SHOWN, len(rest) // 4)]}…"
 
 
 class Subscriber:
@@ -80,6 +100,11 @@ class ConsoleFeed:
         self.subscribers: set[Subscriber] = set()
         self.published = 0
         self.dropped = 0  # subscribers dropped for being too slow
+        # the snapshot's source (proxy/console/state.py, set when the routes are added), and
+        # the last one computed: its interval's number and its bytes
+        self.source: Callable[[], dict[str, Any]] | None = None
+        self.snapshots = 0  # snapshots computed
+        self._state: tuple[int, bytes] | None = None
 
     # ---- pages
     def subscribe(self, on_drop: Callable[[], None]) -> tuple[Subscriber, list[bytes]] | None:
@@ -93,6 +118,32 @@ class ConsoleFeed:
 
     def unsubscribe(self, sub: Subscriber) -> None:
         self.subscribers.discard(sub)
+
+    def drop(self, sub: Subscriber) -> None:
+        """Drop a page that takes nothing (its writer waited too long on it)."""
+        if sub in self.subscribers:
+            self.subscribers.discard(sub)
+            self.dropped += 1
+        sub.drop()
+
+    def shown_id(self, value: str | None) -> str | None:
+        """A response id as the feed may carry it: whole only with `show_content`."""
+        return value if self.show_content else short_id(value)
+
+    # ---- snapshots
+    def tick(self, now: float) -> int:
+        """The number of the state interval `now` (monotonic seconds) falls in."""
+        return math.floor(now / self.settings.state_interval)
+
+    def state(self, now: float) -> tuple[int, bytes]:
+        """This interval's snapshot, encoded, and the interval's number: computed by the
+        first page to ask in an interval, the same bytes for the others."""
+        tick = self.tick(now)
+        if self._state is None or self._state[0] != tick:
+            assert self.source is not None
+            self.snapshots += 1
+            self._state = (tick, orjson.dumps(self.source()))
+        return self._state
 
     # ---- events
     def publish(self, event: dict[str, Any]) -> None:

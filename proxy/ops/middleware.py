@@ -95,7 +95,8 @@ class Ops:
     draining: bool = False
     ws_open: int = 0
     http_inflight: int = 0
-    connections: set[Drainable] = field(default_factory=set)
+    # open connections, oldest first (a dict: the console shows the newest without a walk)
+    connections: dict[Drainable, None] = field(default_factory=dict)
     caches: set[ResponseCache] = field(default_factory=set)
     drained: asyncio.Event = field(default_factory=asyncio.Event)
     site: SitePolicy = field(init=False)
@@ -107,14 +108,14 @@ class Ops:
 
     # ---- connection registry (drain and scrape-time gauges)
     def register(self, conn: Drainable, cache: ResponseCache | None = None) -> None:
-        self.connections.add(conn)
+        self.connections[conn] = None
         if cache is not None:
             self.caches.add(cache)
         if self.draining:
             conn.begin_drain(self.settings.server.drain_grace_seconds)
 
     def unregister(self, conn: Drainable, cache: ResponseCache | None = None) -> None:
-        self.connections.discard(conn)
+        self.connections.pop(conn, None)
         if cache is not None and cache in self.caches:
             self.caches.discard(cache)
             totals = self.metrics.cache_totals

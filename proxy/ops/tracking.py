@@ -229,16 +229,20 @@ class RunTracker:
 
     def _turn(self, action: Finished, trace: RunTrace | None, now: float) -> dict[str, Any]:
         """The console's event for one finished turn: counts, sizes and timings; its text
-        only with `console.show_content`."""
+        and its whole response ids only with `console.show_content`."""
         assert self.console is not None
+        console = self.console
         created = trace.created if trace is not None else None
         usage = action.usage or {}
         event: dict[str, Any] = {
             "type": "turn",
             "source": self.source,
             "run": action.run_id,
-            "response_id": action.response_id,
-            "previous_response_id": created.previous_response_id if created else None,
+            # whole only with show_content: an id names a response to the API
+            "response_id": console.shown_id(action.response_id),
+            "previous_response_id": console.shown_id(
+                created.previous_response_id if created else None
+            ),
             "lane": created.lane if created else None,
             "new_items": len(created.input) if created else 0,
             "output_items": action.output_items,
@@ -277,7 +281,8 @@ class RunTracker:
         status, code, message = (
             (err.status, err.code, err.message) if err is not None else (None, action.refused, None)
         )
-        where = f"{self.source} {action.response_id or f'run {action.run_id}'}"
+        rid = self.console.shown_id(action.response_id)
+        where = f"{self.source} {rid or f'run {action.run_id}'}"
         self.console.error(where, status, code, message)
 
     def clear(self) -> None:

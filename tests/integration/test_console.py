@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import aiohttp
 import orjson
@@ -22,6 +21,7 @@ from wsmode.app import create_app
 from wsmode.config import ConfigError
 from wsmode.ops.middleware import OPS
 
+from tests.support.console_feed import SECRET_WORDS, Events, conversation, read_events, short
 from tests.support.helpers import (
     Proxy,
     Sim,
@@ -30,43 +30,12 @@ from tests.support.helpers import (
     proxy_settings,
     sample,
     scrape,
-    sdk_chain,
     seconds,
     send,
     until,
     until_terminal,
     user,
 )
-
-Events = list[dict[str, Any]]
-SECRET_WORDS = ("zebra-quartz", "mango-lantern", "violet-anchor")
-
-
-async def conversation(client: AsyncOpenAI, words: tuple[str, ...] = SECRET_WORDS) -> list[Any]:
-    """One WebSocket conversation, a turn per word, each continuing the last."""
-    async with client.responses.connect() as conn:
-        return await sdk_chain(conn, words)
-
-
-async def read_events(
-    resp: aiohttp.ClientResponse,
-    enough: Callable[[Events], bool],
-    events: Events | None = None,
-    timeout: float = 10,
-) -> Events:
-    """The feed's events (its `data:` lines, added to `events` as they come) until `enough`
-    holds for them."""
-    events = [] if events is None else events
-    buffer = b""
-    async with asyncio.timeout(seconds(timeout)):
-        async for chunk in resp.content.iter_any():
-            buffer += chunk
-            while b"\n\n" in buffer:
-                block, buffer = buffer.split(b"\n\n", 1)
-                events += [orjson.loads(x[6:]) for x in block.split(b"\n") if x[:6] == b"data: "]
-            if enough(events):
-                return events
-    raise AssertionError(f"the feed ended early: {events}")
 
 
 def turns(events: Events) -> Events:
@@ -101,8 +70,8 @@ async def test_the_feed_shows_each_turn_with_its_bytes_and_no_payload_text(
     hello = events[0]
     assert hello["type"] == "hello" and hello["show_content"] is False
     shown = turns(events)
-    assert [t["response_id"] for t in shown] == [resp.id for resp in done]
-    assert [t["previous_response_id"] for t in shown] == [None, done[0].id, done[1].id]
+    assert [t["response_id"] for t in shown] == [short(resp.id) for resp in done]
+    assert [t["previous_response_id"] for t in shown] == [None, *(short(r.id) for r in done[:2])]
     metrics = await scrape(proxy)
     # the bytes of each turn add up to what the proxy counted: from the client, and upstream
     assert sum(t["client_bytes"] for t in shown) == sample(
@@ -278,7 +247,7 @@ async def test_a_page_that_stops_reading_is_dropped_and_nothing_waits_for_it(
         # a turn while the page is connected and not reading: nothing waits for it
         client = openai_client(proxy.http, api_key="sk-test")
         [resp] = await conversation(client, ("one",))
-        await until(lambda: any(e.get("response_id") == resp.id for e in seen))
+        await until(lambda: any(e.get("response_id") == short(resp.id) for e in seen))
 
         def flood() -> bool:  # large events until the stuck page's buffers and queue are full
             console.publish({"type": "padding", "pad": "x" * 65536})
@@ -287,7 +256,7 @@ async def test_a_page_that_stops_reading_is_dropped_and_nothing_waits_for_it(
         await until(flood, timeout=30)
         assert console.subscribers and len(console.subscribers) == 1  # the quick page stays
         [resp] = await conversation(client, ("two",))
-        await until(lambda: any(e.get("response_id") == resp.id for e in seen))
+        await until(lambda: any(e.get("response_id") == short(resp.id) for e in seen))
         assert not reader.done()
         # the proxy closed the stuck page's socket: after what was buffered, the end
         stuck.setblocking(False)

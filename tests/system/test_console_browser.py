@@ -24,6 +24,7 @@ import pytest
 from openai import AsyncOpenAI
 from playwright.async_api import Locator, Page, Route, async_playwright
 
+from tests.support.console_feed import short
 from tests.support.helpers import Proxy, Sim, sample, scrape, sdk_chain, sdk_terminal, seconds
 
 CHROMIUM = "/usr/bin/chromium"
@@ -108,8 +109,9 @@ async def test_the_page_shows_the_turns_their_bytes_and_no_payload_text(
             if os.environ.get("WSMODE_UPDATE_SCREENSHOT"):  # the README's picture
                 await page.locator("#errors td.error-code").first.wait_for()
                 await page.screenshot(path=str(DOCS / "console.png"), full_page=True)
-        chat = page.locator(".conversation", has_text=done[0].id)
-        assert await texts(chat, "tr.turn td.response-id") == [r.id for r in done]
+        # ids shortened (whole only with console.show_content): they still link the turns
+        chat = page.locator(".conversation", has_text=short(done[0].id))
+        assert await texts(chat, "tr.turn td.response-id") == [short(r.id) for r in done]
         metrics = await scrape(proxy)
         client_bytes = [number(t) for t in await texts(page, "tr.turn td.client-bytes")]
         upstream_bytes = [number(t) for t in await texts(page, "tr.turn td.upstream-bytes")]
@@ -125,7 +127,7 @@ async def test_the_page_shows_the_turns_their_bytes_and_no_payload_text(
         # the sim, the pool's one replica, served the three turns; the refused one went nowhere
         replica = proxy.state.pool.replicas[0].name
         assert await texts(chat, "tr.turn td.replica") == [replica] * 3
-        gone = page.locator(".conversation", has_text="continues resp_gone")
+        gone = page.locator(".conversation", has_text="continues resp_g…")
         assert await texts(gone, "tr.turn td.outcome") == ["rejected"]
         await page.locator(
             "#errors td.error-code", has_text="previous_response_not_found"
@@ -138,6 +140,7 @@ async def test_the_page_shows_the_turns_their_bytes_and_no_payload_text(
         shown = await page.locator("body").inner_text()
         assert not any(word in shown for word in WORDS)
         assert done[0].output_text not in shown
+        assert not any(r.id in shown for r in done)  # nor a whole response id
         assert await page.locator("td.input-text").count() == 0
         assert outside == []
 
@@ -158,6 +161,7 @@ async def test_with_show_content_the_page_shows_the_text(
         await page.locator("tr.turn").first.wait_for()
         assert await texts(page, "tr.turn td.input-text") == [f"please remember {WORDS[0]}"]
         assert await texts(page, "tr.turn td.output-text") == [done.output_text.strip()]
+        assert await texts(page, "tr.turn td.response-id") == [done.id]  # whole, with content
         assert outside == []
 
 
@@ -187,7 +191,7 @@ async def test_behind_auth_the_page_asks_for_the_key_and_never_puts_it_in_a_url(
         await page.fill("#key", key)
         await page.click("#key-form button")
         await page.locator("#status.live").wait_for()
-        assert await texts(page, "tr.turn td.response-id") == [done.id]
+        assert await texts(page, "tr.turn td.response-id") == [short(done.id)]
         assert await page.locator("#key-form").is_hidden()
         assert urls and not any(key in url for url in urls)
         assert key not in page.url

@@ -81,6 +81,8 @@ function reset() {
   view.turns = 0;
 }
 
+// Conversations are linked by response id: whole ids with console.show_content, else their
+// shortened form (resp_0123abcd…), which links them just as well and names nothing.
 function addTurn(t) {
   let key = t.previous_response_id ? view.convOf.get(t.previous_response_id) : undefined;
   if (key !== undefined && !view.conversations.has(key)) key = undefined; // trimmed away
@@ -125,7 +127,7 @@ function handle(ev) {
       view.showContent = !!ev.show_content;
       $("content-mode").textContent = view.showContent
         ? "showing payload text (console.show_content = true)"
-        : "payload text hidden (console.show_content = false)";
+        : "payload text and whole response ids hidden (console.show_content = false)";
       retryDelay = 1000;
       setStatus("live", "live");
       break;
@@ -243,7 +245,11 @@ function renderConnections(s) {
     ]),
   );
   fill($("connections").tBodies[0], rows, 7, "no WebSocket connection open");
-  $("connections-count").textContent = `(${s.connections.length})`;
+  // a snapshot lists the newest connections only; `connections_open` counts them all
+  const open = s.connections_open === undefined ? s.connections.length : s.connections_open;
+  $("connections-count").textContent = open > s.connections.length
+    ? `(${num(open)}; the newest ${num(s.connections.length)} listed)`
+    : `(${num(open)})`;
   $("http-in-flight").textContent = `HTTP requests in flight: ${s.http_in_flight}` +
     (s.draining ? " · draining" : "");
 }
