@@ -155,7 +155,7 @@ async def _healthz(request: web.Request) -> web.Response:
         {
             "status": "ok",
             "mode": "sidecar",
-            "upstream": redact_url(state.http.base_url),
+            "upstream": state.http.shown(state.http.base_url),
             "websocket_refused": state.pool.websocket_refused(),
             "upstream_websockets": state.pool.open_count,
             "chains": len(state.memory),

@@ -178,6 +178,7 @@ class UpstreamClient:
         self.settings = settings
         # each base URL that had userinfo (taken out): its server and its credential
         self._credentials: dict[str, tuple[URL, str]] = {}
+        self._shown: dict[str, str] = {}  # each registered URL as logs and errors name it
         self.base_url = self.register(base_url)
         self.session: aiohttp.ClientSession | None = None
         self._urls: dict[str, URL] = {}  # each endpoint's URL, parsed once, not per request
@@ -190,9 +191,16 @@ class UpstreamClient:
         credential of requests to it (`credential`). Every upstream URL goes through here."""
         bare, credential = split_credentials(url.rstrip("/"))
         bare = bare.rstrip("/")
+        self._shown[bare] = redact_url(url.rstrip("/"))
         if credential is not None:
             self._credentials[bare] = (URL(bare).origin(), credential)
         return bare
+
+    def shown(self, url: str) -> str:
+        """`url` as the operator configured it, its secrets redacted: a registered URL keeps
+        its user name and says a password is set (`bob:<redacted>@`), though requests go
+        to it without either."""
+        return self._shown.get(url.rstrip("/"), redact_url(url))
 
     def credential(self, url: str | URL) -> str | None:
         """The Authorization a request to `url` carries instead of the client's, or None
@@ -358,7 +366,7 @@ class UpstreamClient:
     def _translate(
         self, exc: BaseException, started: bool, base: str | None = None
     ) -> UpstreamError:
-        shown = redact_url(self.base_url if base is None else base)
+        shown = self.shown(self.base_url if base is None else base)
         if isinstance(exc, aiohttp.ConnectionTimeoutError) and not started:
             return ConnectFailed(
                 f"cannot connect to the upstream at {shown} within "
