@@ -24,6 +24,7 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
+from tests.support.console_feed import short
 from tests.support.helpers import (
     Proxy,
     Sim,
@@ -367,11 +368,13 @@ async def test_the_console_feed_shows_the_ids_sent_and_reused(
                             turns.append(ev)
                 if len(turns) >= 2:
                     break
+    # with content hidden the feed names a response by a shortened id only
     shown = {t["response_id"]: t for t in turns}
-    assert shown[first["id"]]["ids_sent"] == len(p0) and shown[first["id"]]["ids_reused"] == 0
-    assert shown[second["id"]]["ids_sent"] == len(p1)
-    assert shown[second["id"]]["ids_reused"] == len(p0) + len(g0)
-    assert shown[first["id"]]["divergence"] is None is shown[second["id"]]["divergence"]
+    one, two = shown[short(first["id"])], shown[short(second["id"])]
+    assert one["ids_sent"] == len(p0) and one["ids_reused"] == 0
+    assert two["ids_sent"] == len(p1)
+    assert two["ids_reused"] == len(p0) + len(g0)
+    assert one["divergence"] is None is two["divergence"]
 
 
 # ------------------------------------------------------------------ trajectories
