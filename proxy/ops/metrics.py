@@ -241,6 +241,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.store_reachable = Gauge(
+            "wsmode_store_reachable",
+            "1 if the shared store answered its last PING (at each /healthz and /readyz), "
+            "0 if not: /readyz may stay 200 while it is 0 (store.readiness).",
+            registry=r,
+        )
         self.cache_totals = CacheTotals()
         self._gauges: list[Callable[[], Iterable[Metric]]] = []
         r.register(_StateCollector(self._collect_state))
