@@ -98,3 +98,23 @@ def server_root(base: str) -> str:
     base = base.rstrip("/")
     head, _, last = base.rpartition("/")
     return head if _VERSION.fullmatch(last) and "//" in head + "/" else base
+
+
+def request_target(raw: str) -> str:
+    """The origin form (path and query) of a request target as the client sent it: an
+    absolute-form target (`http://host/v1/models?x`, RFC 9112 section 3.2.2, which a client
+    may send to a server too) without its scheme and authority; any other target as it is.
+    Percent-encoding is kept."""
+    if raw.startswith("/"):
+        return raw
+    try:
+        parts = urlsplit(raw)
+    except ValueError:
+        return "/"
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+
+def has_dot_segment(path: str) -> bool:
+    """Whether a decoded path (`/v1/../x`, `/v1/%2e%2e/x` once decoded) has a `.` or `..`
+    segment, which a server further on may resolve to another path than the one forwarded."""
+    return any(seg in (".", "..") for seg in path.split("/"))

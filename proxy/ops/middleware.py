@@ -42,6 +42,7 @@ from ..config import Settings
 from ..core import wire
 from ..core.conversation import CacheBudget, ResponseCache
 from ..core.ids import new_id
+from ..core.urls import request_target
 from ..logs import request_id_var
 from .auth import Authenticator, credentials
 from .console_feed import ConsoleFeed
@@ -227,7 +228,8 @@ async def _guarded(
     if request.method == "OPTIONS":  # answered here, never forwarded upstream
         return web.Response(status=204, headers=ops.site.preflight_headers(request.headers))
     if request.path in _OPEN_ROUTES or request.path in ops.open_paths:
-        if request.raw_path.partition("?")[0] != request.path:  # `/%6detrics`, `/./metrics`
+        target = request_target(request.raw_path).partition("?")[0]
+        if target != request.path:  # `/%6detrics`, `/./metrics`
             return _error(
                 404,
                 f"Not found: {request.path} is served only when spelled as it is here.",

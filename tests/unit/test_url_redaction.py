@@ -1,6 +1,8 @@
-"""Every credential-bearing part of a URL is hidden wherever a URL is shown (core/urls.py
-`redact_url`, logs.py `redact`, `wsmode check-config`): the userinfo, and the value of a query
-parameter whose name is a credential's (password, pass, token, key, secret, auth...)."""
+"""URLs as they are shown and as they are relayed. Every credential-bearing part of a URL
+is hidden wherever a URL is shown (core/urls.py `redact_url`, logs.py `redact`, `wsmode
+check-config`): the userinfo, and the value of a query parameter whose name is a
+credential's (password, pass, token, key, secret, auth...). A request target is relayed in
+its origin form (`request_target`), and a path's dot segments are found once decoded."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from click.testing import CliRunner
 from wsmode.cli import main
 from wsmode.config import load_settings
 from wsmode.config_view import redacted
-from wsmode.core.urls import redact_url
+from wsmode.core.urls import has_dot_segment, redact_url, request_target
 from wsmode.logs import redact
 
 
@@ -75,3 +77,24 @@ def test_check_config_never_prints_a_password_given_as_a_query_parameter() -> No
     assert result.exit_code == 0, result.output
     assert "hunter2" not in result.output
     assert 'redis_url = "redis://cache.internal:6379/0?password=<redacted>"' in result.output
+
+
+@pytest.mark.parametrize(
+    ("raw", "target"),
+    [
+        ("/v1/models?limit=2", "/v1/models?limit=2"),
+        ("http://h:8080/v1/models?limit=2", "/v1/models?limit=2"),
+        ("https://h/v1/a%20b", "/v1/a%20b"),
+        ("http://h", "/"),
+        ("http://[::1/v1", "/"),
+    ],
+)
+def test_request_target_is_the_origin_form(raw: str, target: str) -> None:
+    assert request_target(raw) == target
+
+
+def test_dot_segments_are_found_once_decoded() -> None:
+    assert (
+        has_dot_segment("/v1/../x") and has_dot_segment("/v1/./x") and has_dot_segment("/v1/a/..")
+    )
+    assert not has_dot_segment("/v1/models/a..b") and not has_dot_segment("/v1/.well-known")
