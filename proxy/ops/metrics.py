@@ -236,8 +236,9 @@ class Metrics:
         )
         self.store_writes_dropped = Counter(
             "wsmode_store_writes_dropped",
-            "Responses not written to the shared store, by reason (unavailable: it failed or "
-            "timed out; exists: the id is stored already and is never overwritten).",
+            "Responses not known to be written to the shared store, by reason (unavailable: "
+            "it failed; unknown: it timed out, and may have been written all the same; exists: "
+            "the id is stored already and is never overwritten).",
             ["reason"],
             registry=r,
         )

@@ -2,7 +2,8 @@
 (`store.readiness`, docs/store.md "When Redis is slow or down"): by default the replica stays
 ready, says the store is degraded in the body and in `wsmode_store_reachable`, and its open
 sockets go on; with "leave" it answers 503 so a balancer takes it out; either way it is
-ready and reachable again once Redis answers."""
+ready and reachable again once Redis answers. A write that timed out on a paused Redis is
+counted as `unknown` (it lands once Redis runs again), not as dropped."""
 
 from __future__ import annotations
 
@@ -103,3 +104,51 @@ async def test_readiness_leave_takes_the_replica_out_while_redis_does_not_answer
         else:
             server.start()
         await until(lambda: _ready_and_reachable(base), message="never ready again")
+
+
+async def test_a_write_that_timed_out_is_counted_unknown_and_may_land(
+    sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]]
+) -> None:
+    """Redis paused (SIGSTOP) while a response is written: the write times out after it was
+    sent, and once Redis runs again the script runs too. It is counted as `unknown`, never as
+    `unavailable` (a write certainly not made); a refused connection is `unavailable`."""
+    with redis_server_process() as server:
+        proxy = await proxy_factory(
+            sim.url,
+            store__backend="redis",
+            store__redis_url=server.url,
+            store__redis_timeout=seconds(0.3),
+        )
+
+        async def dropped(reason: str) -> float:
+            metrics = await scrape(proxy)
+            return sample(metrics, "wsmode_store_writes_dropped_total", reason=reason)
+
+        async with connect(proxy.ws) as ws:
+            await send(ws, create(input=[user("warm")]))  # the client's connection is made
+            await until_terminal(ws)
+            server.pause()
+            await send(ws, create(input=[user("paused")]))
+            rid = (await until_terminal(ws))[-1]["response"]["id"]
+            await until(lambda: _positive(dropped("unknown")), message="never counted")
+            server.resume()
+
+            def landed() -> bool:
+                return any(key.endswith(rid.encode()) for key in server.stored_keys())
+
+            await until(lambda: _true(landed()), message="the timed-out write never landed")
+            assert await dropped("unknown") == 1
+            assert await dropped("unavailable") == 0
+            server.stop()  # refused: certainly not written
+            await send(ws, create(input=[user("down")]))
+            await until_terminal(ws)
+            assert await dropped("unavailable") == 1
+            assert await dropped("unknown") == 1
+
+
+async def _positive(value: Awaitable[float]) -> bool:
+    return await value > 0
+
+
+async def _true(value: bool) -> bool:
+    return value
