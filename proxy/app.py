@@ -84,7 +84,7 @@ async def _healthz(request: web.Request) -> web.Response:
     """Liveness: 200 unless draining; `ready` says what /readyz would."""
     state = request.app[APP_STATE]
     draining = request.app[OPS].draining
-    store = await store_status(state.store)
+    store = await _store_status(request)
     doc: dict[str, Any] = {
         "status": "draining" if draining else "ok",
         "ready": not draining and not _not_ready(state, store),
@@ -119,22 +119,44 @@ def _not_ready(state: AppState, store: dict[str, Any] | None) -> list[str]:
     if not state.pool.ready:
         names = ", ".join(r.name for r in state.pool.replicas)
         reasons.append("no upstream replica is healthy: " + names)
-    if store is not None and store["backend"] != "memory" and not store["reachable"]:
-        reasons.append("the shared store does not answer")
+    if _store_down(store) and state.settings.store.readiness == "leave":
+        reasons.append(STORE_DOWN)
     return reasons
+
+
+STORE_DOWN = "the shared store does not answer"
+
+
+def _store_down(store: dict[str, Any] | None) -> bool:
+    return store is not None and store["backend"] != "memory" and not store["reachable"]
+
+
+async def _store_status(request: web.Request) -> dict[str, Any] | None:
+    """The store's status (`store_status`), also kept in the `wsmode_store_reachable` gauge."""
+    store = await store_status(request.app[APP_STATE].store)
+    if store is not None:
+        request.app[OPS].metrics.store_reachable.set(1 if store["reachable"] else 0)
+    return store
 
 
 async def _readyz(request: web.Request) -> web.Response:
     """Readiness: 200 while at least one upstream replica is healthy and not ejected, and
-    the server is not draining; else 503 with the reasons."""
+    the server is not draining; else 503 with the reasons. A shared store that does not
+    answer is a reason only with `store.readiness = "leave"`; with "degrade" (the default)
+    the answer stays 200, `"status": "degraded"`, the store named under "degraded": open
+    sockets and requests that need no stored response still work on this replica."""
     state = request.app[APP_STATE]
-    store = await store_status(state.store)
+    store = await _store_status(request)
     reasons = _not_ready(state, store)
     if request.app[OPS].draining:
         reasons.append("the server is draining")
-    doc: dict[str, object] = {"status": "not ready" if reasons else "ready"}
+    degraded = [STORE_DOWN] if _store_down(store) and STORE_DOWN not in reasons else []
+    status = "not ready" if reasons else "degraded" if degraded else "ready"
+    doc: dict[str, object] = {"status": status}
     if reasons:
         doc["reasons"] = reasons
+    if degraded:
+        doc["degraded"] = degraded
     doc["upstreams"] = state.pool.snapshot()
     if store is not None:
         doc["store"] = store

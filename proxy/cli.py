@@ -146,7 +146,7 @@ def _check_runtime(settings: Settings) -> None:
 def check_config(config: str | None, sets: tuple[str, ...]) -> None:
     """Validate the configuration (file + WSMODE_* variables) and print the effective
     settings as TOML, secrets redacted. Exits 2 on an invalid configuration."""
-    from .config import redacted
+    from .config_view import redacted
     from .ops.auth import Authenticator
 
     settings = _settings(config, _parse_sets(sets))

@@ -33,11 +33,11 @@ from .core.context.settings import CompactionSettings, TokensSettings
 from .core.dialects.chat_settings import ChatOptions
 from .core.policy import SessionLimits
 from .core.tokens.formats import TOOL_FORMATS
-from .core.urls import REDACTED, redact_url, without_userinfo
+from .core.urls import redact_url, without_userinfo
 from .sim.settings import SimSettings
 
 MiB = 1024 * 1024
-SECRET = {"secret": True}  # field metadata: never printed by `wsmode check-config`
+SECRET = {"secret": True}  # field metadata: never printed (config_view.py `redacted`)
 LOG_FORMATS = ("text", "json")
 
 
@@ -155,6 +155,8 @@ class StoreSettings:
     # ---- the Redis backend
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_timeout: float = 0.5  # seconds a turn may wait on Redis, per round trip
+    # Redis not answering: "degrade" (/readyz stays 200 and says so) or "leave" (503)
+    readiness: str = "degrade"
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,11 +467,14 @@ def _validate_pool(u: UpstreamSettings) -> None:
 
 
 STORE_BACKENDS = ("memory", "redis")
+STORE_READINESS = ("degrade", "leave")
 
 
 def _validate_store(st: StoreSettings) -> None:
     if st.backend not in STORE_BACKENDS:
         raise ConfigError(f"store.backend must be one of {', '.join(STORE_BACKENDS)}")
+    if st.readiness not in STORE_READINESS:
+        raise ConfigError(f"store.readiness must be one of {', '.join(STORE_READINESS)}")
     if st.backend != "redis":
         return
     if not st.redis_url.startswith(("redis://", "rediss://", "unix://")):
@@ -480,21 +485,3 @@ def _validate_store(st: StoreSettings) -> None:
         raise ConfigError(
             "store.backend = redis needs the redis package: pip install 'wsmode[redis]'"
         )
-
-
-def redacted(settings: Settings) -> dict[str, dict[str, Any]]:
-    """The settings as plain data, every secret replaced by a marker (never its value), and
-    the password of every URL too (`redact_url`)."""
-    out: dict[str, dict[str, Any]] = {}
-    for section in dataclasses.fields(settings):
-        obj = getattr(settings, section.name)
-        table: dict[str, Any] = {}
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            if f.metadata.get("secret") and value:
-                value = [REDACTED] * len(value) if isinstance(value, tuple) else REDACTED
-            elif isinstance(value, str) and "://" in value:
-                value = redact_url(value)
-            table[f.name] = list(value) if isinstance(value, tuple) else value
-        out[section.name] = table
-    return out

@@ -29,7 +29,8 @@ request_id_var: ContextVar[str | None] = ContextVar("wsmode_request_id", default
 
 # `Bearer <token>`, `Basic <token>`, key-looking strings (sk-..., any long token after
 # "key") and the password of a URL (`http://user:PASSWORD@host`) or its lone user name
-# (`http://TOKEN@host`), as core/urls.py shows them.
+# (`http://TOKEN@host`), and the value of a URL's credential-bearing query parameter
+# (`?password=...`, `&token=...`), as core/urls.py shows them.
 # Conservative: a false positive costs a masked word in a log line.
 _SECRET = re.compile(
     r"(?i)\b(bearer|basic)\s+[^\s,;\"']+"
@@ -38,6 +39,8 @@ _SECRET = re.compile(
     r"(?:(?:bearer|basic)\s+)?[^\s,;\"'}]+"
     r"|\b([a-z][a-z0-9+.-]*://[^/\s:@]*:)[^/\s@]+@"
     r"|\b([a-z][a-z0-9+.-]*://)[^/\s:@]+@"
+    r"|([?&;][^\s&;=?#\"']*(?:pass|pwd|token|key|secret|auth|sig|credential|session)"
+    r"[^\s&;=?#\"']*=)[^\s&;#\"']+"
 )
 
 
@@ -51,6 +54,8 @@ def redact(text: str) -> str:
             return f"{m.group(5)}<redacted>@"
         if m.group(6):
             return f"{m.group(6)}<redacted>@"
+        if m.group(7):
+            return f"{m.group(7)}<redacted>"
         return "<redacted>"
 
     return _SECRET.sub(mask, text)

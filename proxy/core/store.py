@@ -59,7 +59,12 @@ class StoredResponse:
 
 
 class StoreUnavailable(Exception):
-    """A remote store did not answer in time, or answered with an error."""
+    """A remote store did not answer in time, or answered with an error. `timed_out`: no
+    answer came in time, so a write sent may still have been made (its outcome is unknown)."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 class WriteResult(enum.StrEnum):

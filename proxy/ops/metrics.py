@@ -236,9 +236,16 @@ class Metrics:
         )
         self.store_writes_dropped = Counter(
             "wsmode_store_writes_dropped",
-            "Responses not written to the shared store, by reason (unavailable: it failed or "
-            "timed out; exists: the id is stored already and is never overwritten).",
+            "Responses not known to be written to the shared store, by reason (unavailable: "
+            "it failed; unknown: it timed out, and may have been written all the same; exists: "
+            "the id is stored already and is never overwritten).",
             ["reason"],
+            registry=r,
+        )
+        self.store_reachable = Gauge(
+            "wsmode_store_reachable",
+            "1 if the shared store answered its last PING (at each /healthz and /readyz), "
+            "0 if not: /readyz may stay 200 while it is 0 (store.readiness).",
             registry=r,
         )
         self.cache_totals = CacheTotals()

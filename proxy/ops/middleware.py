@@ -42,6 +42,7 @@ from ..config import Settings
 from ..core import wire
 from ..core.conversation import CacheBudget, ResponseCache
 from ..core.ids import new_id
+from ..core.urls import request_target
 from ..logs import request_id_var
 from .auth import Authenticator, credentials
 from .console_feed import ConsoleFeed
@@ -53,6 +54,9 @@ from .usage import UsageSink
 log = logging.getLogger("wsmode.ops")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
+# Served without the proxy's key, and only at their own spelling: a percent-encoded or
+# dotted variant (`/%6detrics`, `/metric%73`) gets 404, so a balancer rule that hides the
+# plain path (deploy/haproxy `path /metrics`) hides every path that reaches the route.
 _OPEN_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
@@ -224,6 +228,14 @@ async def _guarded(
     if request.method == "OPTIONS":  # answered here, never forwarded upstream
         return web.Response(status=204, headers=ops.site.preflight_headers(request.headers))
     if request.path in _OPEN_ROUTES or request.path in ops.open_paths:
+        target = request_target(request.raw_path).partition("?")[0]
+        if target != request.path:  # `/%6detrics`, `/./metrics`
+            return _error(
+                404,
+                f"Not found: {request.path} is served only when spelled as it is here.",
+                "not_found",
+                "invalid_request_error",
+            )
         return await handler(request)
     if ops.draining:
         if upgrade:

@@ -27,9 +27,11 @@ full `store.ttl_seconds`: a read or write of a response renews all its ancestors
 ancestor never expires before its descendants, and a chain continued for days (on one
 connection, written turn by turn) stays readable as long as its newest response.
 
-Every call is bounded by `store.redis_timeout`. A write that fails is dropped and counted
-(`wsmode_store_writes_dropped_total{reason}`); a read that fails raises `StoreUnavailable`
-and the session answers the documented not-found saying the store is unavailable.
+Every call is bounded by `store.redis_timeout`. A write that fails is given up and counted
+(`wsmode_store_writes_dropped_total{reason}`: "unavailable" when Redis refused or failed it,
+"unknown" when it timed out, since the script may run once the command was sent); a read
+that fails raises `StoreUnavailable` and the session answers the documented not-found
+saying the store is unavailable.
 """
 
 from __future__ import annotations
@@ -245,7 +247,7 @@ class RedisStore:
             kind = "timeout" if isinstance(exc, self._timeouts) else "error"
             self.metrics.store_requests.labels(op, kind).inc()
             log.warning("store %s failed (%s): %s", op, kind, str(exc) or type(exc).__name__)
-            raise StoreUnavailable(f"{kind}: {exc}") from None
+            raise StoreUnavailable(f"{kind}: {exc}", timed_out=kind == "timeout") from None
         self.metrics.store_requests.labels(op, "ok").inc()
         self.metrics.store_latency.labels(op).observe(time.perf_counter() - start)
         return result
@@ -268,8 +270,9 @@ class RedisStore:
             result = await self._put(key, prefix, stored)
             if result == b"no_parent":  # the parent went (its write was dropped): all of it
                 result = await self._put(key, prefix, replace(stored, parent=None))
-        except StoreUnavailable:
-            self.metrics.store_writes_dropped.labels("unavailable").inc()
+        except StoreUnavailable as exc:  # a timeout: the script may have run all the same
+            reason = "unknown" if exc.timed_out else "unavailable"
+            self.metrics.store_writes_dropped.labels(reason).inc()
             return WriteResult.DROPPED
         if result == b"exists":
             self.metrics.store_writes_dropped.labels("exists").inc()

@@ -18,7 +18,7 @@ from yarl import URL
 
 from ..core import wire
 from ..core.errors import UpstreamError, upstream_redirect
-from ..core.urls import redact_url
+from ..core.urls import has_dot_segment, redact_url, request_target
 from .client import RedirectRefused, UpstreamClient, UpstreamGate, describe
 
 log = logging.getLogger("wsmode.http")
@@ -70,8 +70,20 @@ async def _relay(
     request: web.Request, client: UpstreamClient, body: bytes | None, base_url: str
 ) -> web.StreamResponse:
     assert client.session is not None
-    # raw_path keeps the client's percent-encoding and query string exactly
-    url = URL(base_url + request.raw_path.removeprefix("/v1"), encoded=True)
+    if has_dot_segment(request.path):  # decoded: `%2e%2e` and `a%2f..%2fb` are caught too
+        err = {
+            "error": {
+                "type": "invalid_request_error",
+                "code": "invalid_path",
+                "message": "The request path has a '.' or '..' segment; send it resolved.",
+                "param": None,
+            }
+        }
+        return web.Response(status=400, body=wire.dumps(err), content_type="application/json")
+    # the raw target keeps the client's percent-encoding and query string exactly; an
+    # absolute-form one (`GET http://host/v1/models`) is relayed as its path and query
+    target = request_target(request.raw_path)
+    url = URL(base_url + target.removeprefix("/v1"), encoded=True)
     data: bytes | AsyncIterator[bytes] | None = body
     if body is None and request.body_exists:
         data = request.content.iter_chunked(64 * 1024)

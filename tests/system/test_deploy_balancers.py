@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 from wsmode.core.sse import SSEDecoder
 from wsmode.ops.middleware import OPS
+from yarl import URL
 
 from tests.support.deploy_files import HAPROXY_CFG, NGINX_CONF
 from tests.support.helpers import (
@@ -170,6 +171,10 @@ async def test_streamed_http_through_the_balancer(
         assert events[-1].event == "response.completed"
         async with http.get(f"{base}/metrics") as r:
             assert r.status == 404  # kept for the internal scraper
+        for spelling in ("/%6detrics", "/metric%73", "/%6D%65trics"):  # any spelling of it
+            async with http.get(URL(base + spelling, encoded=True)) as r:
+                assert r.status == 404, spelling
+                assert "wsmode_" not in await r.text(), spelling
         async with http.get(f"{base}/healthz") as r:
             assert r.status == 200
 

@@ -24,6 +24,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "core": frozenset(),
     "config": frozenset({"core", "sim"}),  # `sim` for its settings dataclass only (see below)
     "logs": frozenset({"core"}),
+    # the settings as `wsmode check-config` shows them, redacted (config.py's neighbour)
+    "config_view": frozenset({"core", "config"}),
     "ops": frozenset({"core", "config", "logs"}),
     "upstream": frozenset({"core", "config", "logs"}),
     "build": frozenset({"core", "config"}),

@@ -9,7 +9,8 @@ import logging
 from pathlib import Path
 
 import pytest
-from wsmode.config import AuthSettings, ConfigError, load_settings, redacted
+from wsmode.config import AuthSettings, ConfigError, load_settings
+from wsmode.config_view import redacted
 from wsmode.core.errors import UpstreamError
 from wsmode.logs import ContextFilter, JsonFormatter, redact, request_id_var
 from wsmode.ops.auth import Authenticator, bearer, read_hashes

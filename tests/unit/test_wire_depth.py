@@ -1,5 +1,5 @@
 """The nesting bound (core/wire.py `MAX_DEPTH`), URL redaction (core/urls.py, logs.py,
-config.redacted) and the rate-limit headers of an upstream error: the parts of the hostile
+config_view.redacted) and the rate-limit headers of an upstream error: the parts of the hostile
 input and upstream checks (tests/integration/test_hostile_inputs.py, test_hostile_upstream.py)
 that need no socket."""
 
@@ -10,7 +10,8 @@ from typing import Any
 
 import orjson
 import pytest
-from wsmode.config import Settings, load_settings, redacted
+from wsmode.config import Settings, load_settings
+from wsmode.config_view import redacted
 from wsmode.core import wire
 from wsmode.core.errors import ClientError, rate_limit_headers, upstream_http_error
 from wsmode.core.request import parse_create
