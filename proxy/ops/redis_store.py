@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 from immutables import Map
 
 from ..core import wire
-from ..core.conversation import CachedResponse, Segment, holds_compaction
+from ..core.conversation import CachedResponse, Segment, holds_compaction, linked
 from ..core.store import StoredResponse, StoreUnavailable, WriteResult
 from ..core.tokens.chain import TokenTurn, turn_of, turn_record
 from .metrics import Metrics
@@ -109,7 +109,8 @@ def encode(stored: StoredResponse) -> tuple[str, bytes, bytes]:
     after a stored parent, else the whole conversation it holds."""
     entry = stored.entry
     if stored.parent is not None:
-        items: Sequence[bytes] = entry.segments[-1].items if entry.segments else ()
+        last = entry.last
+        items: Sequence[bytes] = last.items if last is not None else ()
         calls: Sequence[str] = stored.added_calls
     else:
         items = list(entry.items())
@@ -171,7 +172,7 @@ def decode(rid: str, reply: Sequence[bytes]) -> StoredResponse | None:
     entry = CachedResponse(
         rid,
         own["lane"],
-        tuple(segments),
+        linked(segments),
         own["settings"],
         calls.finish(),
         own["opaque"],
