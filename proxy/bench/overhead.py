@@ -27,7 +27,7 @@ import aiohttp
 import orjson
 
 from ..core.actions import StartUpstream
-from ..core.conversation import CacheBudget, CachedResponse, ResponseCache, Segment
+from ..core.conversation import CacheBudget, CachedResponse, Link, ResponseCache, Segment
 from ..core.dialects.responses import ResponsesDialect
 from ..core.events import ClientMessage, UpstreamChunk
 from ..core.policy import UpstreamPolicy
@@ -176,7 +176,9 @@ def store_puts(sizes: tuple[int, int], log: Callable[[str], None]) -> dict[str, 
     for size in sizes:
         store = MemoryStore(size, 2**40, 86_400.0, time.monotonic)
         entries = [
-            StoredResponse(CachedResponse(f"resp_{i}", None, (Segment((item,)),)), b"{}", 1)
+            StoredResponse(
+                CachedResponse(f"resp_{i}", None, Link(Segment((item,)), None)), b"{}", 1
+            )
             for i in range(size + WARMUP + STORE_PUTS)
         ]
         for stored in entries[: size + WARMUP]:  # full, and warm

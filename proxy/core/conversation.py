@@ -5,10 +5,14 @@ Each cached response holds the full item list a continuation must send to a stat
 upstream: its parent's items, its own new input, its output. Items are kept as the bytes of
 their JSON, serialised once when they arrive, so rebuilding a request is a concatenation.
 
-Storage is shared, not copied: a response's list is a chain of `Segment`s (what each
-response in its ancestry added), and a child points at its parent's segments. Bytes are
-accounted once per distinct segment held, so a 30-turn chain with every turn cached costs
-the history once, not thirty times.
+Storage is shared, not copied: a response's list is a linked chain of `Link`s, each holding
+the `Segment` one response in its ancestry added and a pointer to the link before it. A
+child is its parent's last link plus one new link, so a turn costs the same at the 16,000th
+link of a chain as at the first (nothing per entry grows with the history: no tuple of the
+ancestry, and the item and byte totals are kept on each link). Bytes are accounted once per
+distinct link held (a link is held by the entries ending at it and by the held links after
+it), so a 30-turn chain with every turn cached costs the history once, not thirty times,
+and evicting an entry whose links live on in its descendants frees nothing until they go.
 
 Bounds: entries and bytes per connection (`ResponseCache`) and process-wide
 (`CacheBudget`), least recently used evicted first. Entries that a queued request refers to
@@ -111,11 +115,45 @@ class Segment:
         object.__setattr__(self, "nbytes", sum(len(i) for i in self.items))
 
 
+class Link:
+    """One step of a history: `segment` after the links before it (`up`), with the item and
+    byte totals of the history up to and including it. Immutable by convention."""
+
+    __slots__ = ("count", "segment", "total", "up")
+
+    def __init__(self, segment: Segment, up: Link | None) -> None:
+        self.segment: Segment = segment
+        self.up: Link | None = up
+        self.count: int = len(segment.items)
+        self.total: int = segment.nbytes
+        if up is not None:
+            self.count += up.count
+            self.total += up.total
+
+    def segments(self) -> list[Segment]:
+        """The history's segments, oldest first (a walk of every link: O(links))."""
+        out: list[Segment] = []
+        at: Link | None = self
+        while at is not None:
+            out.append(at.segment)
+            at = at.up
+        out.reverse()
+        return out
+
+
+def linked(segments: Iterable[Segment]) -> Link | None:
+    """The history of these segments, oldest first; None for none."""
+    last: Link | None = None
+    for seg in segments:
+        last = Link(seg, last)
+    return last
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class CachedResponse:
     id: str
     lane: str | None  # the lane it ran on: same-lane failures evict, cross-lane forks do not
-    segments: tuple[Segment, ...]  # the whole conversation, oldest first
+    history: Link | None  # the whole conversation: its newest link (None: nothing yet)
     settings: Mapping[str, Any] = field(default_factory=dict)  # the request minus its input
     calls: CallIndex = NO_CALLS  # every tool call of the conversation (the module's doc)
     opaque: bool = False  # holds a compaction item the index cannot see into
@@ -137,18 +175,29 @@ class CachedResponse:
         """Every item of the conversation, oldest first: a new list, extended a segment at a
         time (several times faster than a generator over a long history of small items)."""
         out: list[bytes] = []
-        for seg in self.segments:
-            out.extend(seg.items)
+        if self.history is not None:
+            for seg in self.history.segments():
+                out.extend(seg.items)
         return out
 
     @property
+    def segments(self) -> list[Segment]:
+        """The conversation's segments, oldest first (a walk of the history: O(links))."""
+        return self.history.segments() if self.history is not None else []
+
+    @property
+    def last(self) -> Segment | None:
+        """The segment this response added (None for the empty conversation)."""
+        return self.history.segment if self.history is not None else None
+
+    @property
     def nbytes(self) -> int:
-        held = sum(s.nbytes for s in self.segments)
+        held = self.history.total if self.history is not None else 0
         return held + self.tokens.nbytes if self.tokens is not None else held
 
     @property
     def item_count(self) -> int:
-        return sum(len(s.items) for s in self.segments)
+        return self.history.count if self.history is not None else 0
 
     def child(
         self,
@@ -171,12 +220,12 @@ class CachedResponse:
         `unmoderated`: the text of `added` that no moderation saw (a warmup's).
         `replica`, `chain`: where the response was served and its chain's key (routing.py);
         a response no replica served (a warmup) stays where its parent was."""
-        segments = (added,) if compacted else (*self.segments, added)
+        history = Link(added, None if compacted else self.history)
         calls = index_calls(self.calls, added.items if seen is None else seen)
         return CachedResponse(
             response_id,
             lane,
-            segments,
+            history,
             settings,
             calls,
             self.opaque or opaque,
@@ -194,7 +243,7 @@ def holds_compaction(items: Iterable[bytes]) -> bool:
     return any(b'"compaction' in item for item in items)
 
 
-EMPTY = CachedResponse("", None, ())
+EMPTY = CachedResponse("", None, None)
 
 
 class CacheBudget:
@@ -254,7 +303,8 @@ class ResponseCache:
         self._entries: dict[str, CachedResponse] = {}
         self._order: Any = LRU(_UNBOUNDED)  # unpinned ids, most recent first
         self._pins: dict[str, int] = {}
-        self._seg_refs: dict[Segment, int] = {}
+        # held links -> the entries ending at them plus the held links right after them
+        self._refs: dict[Link, int] = {}
         # called with the id of every entry that leaves (evicted, replaced or cleared), so an
         # owner that keeps more per entry (the store) forgets it in O(1)
         self.on_evict: Callable[[str], None] | None = None
@@ -297,12 +347,7 @@ class ResponseCache:
         if entry.id in self._entries:
             self.evict(entry.id)
         self._entries[entry.id] = entry
-        added = 0
-        for seg in entry.segments:
-            refs = self._seg_refs.get(seg, 0)
-            if refs == 0:
-                added += seg.nbytes
-            self._seg_refs[seg] = refs + 1
+        added = self._hold(entry.history)
         self.nbytes += added
         self.budget.nbytes += added
         self.budget.entries += 1
@@ -327,8 +372,47 @@ class ResponseCache:
         pinned = [self._entries[rid] for rid in self._pins if rid != entry.id]
         if len(pinned) + 1 > self.max_entries:
             return False
-        segs = {s for e in (*pinned, entry) for s in e.segments}
-        return sum(s.nbytes for s in segs) <= self.max_bytes
+        tips = [e.history for e in (*pinned, entry) if e.history is not None]
+        if sum(t.total for t in tips) <= self.max_bytes:
+            return True  # fits even if nothing were shared: no walk
+        seen: set[Link] = set()
+        held = 0
+        for tip in tips:  # the distinct links of all these histories: each walked once
+            at: Link | None = tip
+            while at is not None and at not in seen:
+                seen.add(at)
+                held += at.segment.nbytes
+                at = at.up
+        return held <= self.max_bytes
+
+    def _hold(self, link: Link | None) -> int:
+        """One more reference to `link`; the bytes newly held. A link held for the first
+        time holds the one before it, so this walks only the links new to this cache."""
+        refs = self._refs
+        added = 0
+        while link is not None:
+            n = refs.get(link, 0)
+            refs[link] = n + 1
+            if n:
+                break
+            added += link.segment.nbytes
+            link = link.up
+        return added
+
+    def _release(self, link: Link | None) -> int:
+        """One reference fewer to `link`; the bytes no longer held (a link no entry and no
+        later link holds lets go of the one before it)."""
+        refs = self._refs
+        freed = 0
+        while link is not None:
+            n = refs[link] - 1
+            if n:
+                refs[link] = n
+                break
+            del refs[link]
+            freed += link.segment.nbytes
+            link = link.up
+        return freed
 
     def evict(self, rid: str) -> bool:
         entry = self._entries.pop(rid, None)
@@ -337,14 +421,7 @@ class ResponseCache:
         self._pins.pop(rid, None)
         self._order.pop(rid, None)
         self.budget._forget(self, rid)
-        freed = 0
-        for seg in entry.segments:
-            refs = self._seg_refs[seg] - 1
-            if refs:
-                self._seg_refs[seg] = refs
-            else:
-                del self._seg_refs[seg]
-                freed += seg.nbytes
+        freed = self._release(entry.history)
         self.nbytes -= freed
         self.budget.nbytes -= freed
         self.budget.entries -= 1

@@ -13,6 +13,7 @@ nothing). Its fields:
        unmoderated, replica, chain, inputs (how many of the chain's items were its input)
     r  the final response object (GET /v1/responses/{id})
     d  "1" once deleted: gone for GET and continuations, kept as a link for descendants
+    n  its depth: 1 at a chain's start (a record without it counts as 1)
 
 So what a response costs grows with its own new items, never with the history. A response
 whose parent was not stored (store: false, a write that was dropped) or whose history was
@@ -22,10 +23,18 @@ Two Lua scripts do the work server-side, one round trip each (redis-py `register
 EVALSHA, and once per server the script's load): `_READ` walks the parent pointers from a
 response to its chain's start and returns every segment; `_WRITE` adds a response only if
 its key is free (an upstream that reuses an id never overwrites another chain's entry) and
-its parent is still there. Both set the TTL of every key of the chain they touch to the
-full `store.ttl_seconds`: a read or write of a response renews all its ancestors too, so an
-ancestor never expires before its descendants, and a chain continued for days (on one
-connection, written turn by turn) stays readable as long as its newest response.
+its parent is still there.
+
+Expiry: no link outlives its parent, by construction, and a write costs the same at any
+depth. A new link takes its parent's expiry; only when that is less than
+`store.ttl_seconds` away does the write walk the chain, setting every link to 1.5 times the
+TTL (PEXPIRE GT, stopping at the first link renewed already). So a chain is walked once per
+half TTL however many writes extend it, and every response stays readable at least
+`ttl_seconds` after it was last written, continued or read (at most 1.5 times that: a
+read renews its chain the same way). Each record keeps its depth (`n`); a write that would
+make a chain deeper than `MAX_DEPTH` links starts a chain afresh (`s` holds the whole
+conversation), so no read or renewal walks more than that many links; the client sees
+nothing of it.
 
 Every call is bounded by `store.redis_timeout`. A write that fails is given up and counted
 (`wsmode_store_writes_dropped_total{reason}`: "unavailable" when Redis refused or failed it,
@@ -46,7 +55,7 @@ from typing import Any, TypeVar
 from immutables import Map
 
 from ..core import wire
-from ..core.conversation import CachedResponse, Segment, holds_compaction
+from ..core.conversation import CachedResponse, Segment, holds_compaction, linked
 from ..core.store import StoredResponse, StoreUnavailable, WriteResult
 from ..core.tokens.chain import TokenTurn, turn_of, turn_record
 from .metrics import Metrics
@@ -56,10 +65,14 @@ log = logging.getLogger("wsmode.store")
 T = TypeVar("T")
 MAX_CHAIN = 1_000_000  # links a read or write walks at most (a chain is never this long)
 
+MAX_DEPTH = 10_000  # links a stored chain has at most: the next write starts a chain afresh
+
 _READ = """
--- KEYS[1]: the response; ARGV: the owner's key prefix, the TTL in ms, the longest walk.
+-- KEYS[1]: the response; ARGV: the owner's key prefix, the renewed TTL in ms (ttl_seconds
+-- and its half again), the longest walk.
 -- Returns {} when it is not stored (or deleted, or its chain is broken), else
 -- {response object, segment, meta, parent's segment, parent's meta, ...} up to the start.
+-- Every link read lives at least that long from now (GT: an expiry is never shortened).
 local key, prefix, ttl = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local first = redis.call('HMGET', key, 'r', 'd')
 if not first[1] or first[2] then return {} end
@@ -67,7 +80,7 @@ local out = {first[1]}
 for _ = 1, tonumber(ARGV[3]) do
   local link = redis.call('HMGET', key, 's', 'm', 'p')
   if not link[2] then return {} end
-  redis.call('PEXPIRE', key, ttl)
+  redis.call('PEXPIRE', key, ttl, 'GT')
   out[#out + 1] = link[1]
   out[#out + 1] = link[2]
   if not link[3] or link[3] == '' then return out end
@@ -77,20 +90,36 @@ return {}
 """
 
 _WRITE = """
--- KEYS[1]: the new response; ARGV: prefix, TTL in ms, longest walk, parent id ('' none),
--- segment, meta, response object. Returns 'ok', 'exists' or 'no_parent'.
-local key, prefix, ttl, parent = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[4]
+-- KEYS[1]: the new response; ARGV: prefix, the renewed TTL in ms (ttl_seconds and its half
+-- again), ttl_seconds in ms, the deepest chain, the longest walk, parent id ('' none),
+-- segment, meta, response object. Returns 'ok', 'exists', 'no_parent' or 'too_deep'.
+-- No link outlives its parent: the new one takes its parent's expiry, and only when that
+-- is less than ttl_seconds away is the chain walked and renewed (GT, up to the first link
+-- renewed already), which happens once per half TTL of a chain however many writes it has.
+local key, prefix, renew, least = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local parent = ARGV[6]
 if redis.call('EXISTS', key) == 1 then return 'exists' end
-if parent ~= '' and redis.call('EXISTS', prefix .. parent) == 0 then return 'no_parent' end
-redis.call('HSET', key, 'p', parent, 's', ARGV[5], 'm', ARGV[6], 'r', ARGV[7])
-redis.call('PEXPIRE', key, ttl)
-local at = parent
-for _ = 1, tonumber(ARGV[3]) do
-  if at == '' then break end
-  local k = prefix .. at
-  redis.call('PEXPIRE', k, ttl)
-  at = redis.call('HGET', k, 'p') or ''
+local depth, expiry = 1, renew
+if parent ~= '' then
+  local pkey = prefix .. parent
+  local left = redis.call('PTTL', pkey)
+  if left == -2 then return 'no_parent' end
+  depth = (tonumber(redis.call('HGET', pkey, 'n')) or 1) + 1
+  if depth > tonumber(ARGV[4]) then return 'too_deep' end
+  if left >= 0 and left < least then
+    local at = parent
+    for _ = 1, tonumber(ARGV[5]) do
+      if at == '' then break end
+      local k = prefix .. at
+      if redis.call('PEXPIRE', k, renew, 'GT') == 0 then break end
+      at = redis.call('HGET', k, 'p') or ''
+    end
+  elseif left >= 0 then
+    expiry = left
+  end
 end
+redis.call('HSET', key, 'p', parent, 's', ARGV[7], 'm', ARGV[8], 'r', ARGV[9], 'n', depth)
+redis.call('PEXPIRE', key, expiry)
 return 'ok'
 """
 
@@ -111,7 +140,8 @@ def encode(stored: StoredResponse) -> tuple[str, bytes, bytes]:
     after a stored parent, else the whole conversation it holds."""
     entry = stored.entry
     if stored.parent is not None:
-        items: Sequence[bytes] = entry.segments[-1].items if entry.segments else ()
+        last = entry.last
+        items: Sequence[bytes] = last.items if last is not None else ()
         calls: Sequence[str] = stored.added_calls
     else:
         items = list(entry.items())
@@ -173,7 +203,7 @@ def decode(rid: str, reply: Sequence[bytes]) -> StoredResponse | None:
     entry = CachedResponse(
         rid,
         own["lane"],
-        tuple(segments),
+        linked(segments),
         own["settings"],
         calls.finish(),
         own["opaque"],
@@ -199,6 +229,7 @@ class RedisStore:
         self.url = url
         self.timeout = timeout
         self.ttl_ms = max(1, int(ttl_seconds * 1000))
+        self.renew_ms = self.ttl_ms + self.ttl_ms // 2  # what a renewal gives (the module's doc)
         self.metrics = metrics
         self._client: Any = None
         # what a failed round trip raises (redis-py's errors, known once it is imported)
@@ -254,7 +285,7 @@ class RedisStore:
 
     async def load(self, rid: str, owner: str) -> StoredResponse | None:
         prefix = self.prefix(owner)
-        args = (prefix, self.ttl_ms, MAX_CHAIN)
+        args = (prefix, self.renew_ms, MAX_CHAIN)
         reply = await self._call("read", lambda: self._read(keys=[prefix + rid], args=args))
         try:
             return decode(rid, reply)
@@ -268,7 +299,9 @@ class RedisStore:
         key = prefix + stored.entry.id
         try:
             result = await self._put(key, prefix, stored)
-            if result == b"no_parent":  # the parent went (its write was dropped): all of it
+            # the parent went (its write was dropped), or the chain is as deep as it may be:
+            # all of the conversation, as a chain's start
+            if result in (b"no_parent", b"too_deep"):
                 result = await self._put(key, prefix, replace(stored, parent=None))
         except StoreUnavailable as exc:  # a timeout: the script may have run all the same
             reason = "unknown" if exc.timed_out else "unavailable"
@@ -282,7 +315,10 @@ class RedisStore:
 
     async def _put(self, key: str, prefix: str, stored: StoredResponse) -> bytes:
         parent, segment, meta = encode(stored)
-        args = (prefix, self.ttl_ms, MAX_CHAIN, parent, segment, meta, stored.response)
+        args = (
+            *(prefix, self.renew_ms, self.ttl_ms, MAX_DEPTH, MAX_CHAIN),
+            *(parent, segment, meta, stored.response),
+        )
         result: bytes = await self._call("write", lambda: self._write(keys=[key], args=args))
         return result
 

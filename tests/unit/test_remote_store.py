@@ -18,7 +18,7 @@ from wsmode.core.actions import (
     Summarise,
 )
 from wsmode.core.context.manager import SummaryResult
-from wsmode.core.conversation import NO_CALLS, CachedResponse, Segment, index_calls
+from wsmode.core.conversation import NO_CALLS, CachedResponse, Segment, index_calls, linked
 from wsmode.core.events import ClientMessage
 from wsmode.core.runs import RunState
 from wsmode.core.session import Session
@@ -100,7 +100,7 @@ def test_after_a_store_false_parent_the_record_holds_the_whole_conversation() ->
 
 
 def test_a_parent_not_in_the_cache_is_loaded_and_the_run_waits_for_it() -> None:
-    stored_entry = CachedResponse("r_old", None, (Segment((orjson.dumps(user("before")),)),))
+    stored_entry = CachedResponse("r_old", None, linked([Segment((orjson.dumps(user("before")),))]))
     s = remote_session()
     out = create(s, previous_response_id="r_old", input=[user("now")])
     [load] = loads(out)
@@ -146,7 +146,7 @@ def test_a_record_round_trips_every_field_and_the_exact_item_bytes() -> None:
     entry = CachedResponse(
         "r2",
         "lane-a",
-        (root, Segment(own)),
+        linked([root, Segment(own)]),
         {"model": "m", "store": True, "instructions": "be brief"},
         calls,
         opaque=True,
@@ -157,7 +157,7 @@ def test_a_record_round_trips_every_field_and_the_exact_item_bytes() -> None:
     stored = StoredResponse(entry, b'{"id":"r2"}', 2, parent="r1", added_calls=("c1",))
     parent_id, segment, meta = encode(stored)
     assert parent_id == "r1" and segment == b"".join(own)  # its own items only
-    root_record = encode(StoredResponse(CachedResponse("r1", None, (root,)), b"{}", 1))
+    root_record = encode(StoredResponse(CachedResponse("r1", None, linked([root])), b"{}", 1))
     back = decode("r2", [b'{"id":"r2"}', segment, meta, root_record[1], root_record[2]])
     assert back is not None
     got = back.entry

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from wsmode.core.conversation import CachedResponse, Segment
+from wsmode.core.conversation import CachedResponse, Segment, linked
 from wsmode.core.store import MemoryStore, StoredResponse
 
 
 def _stored(rid: str) -> StoredResponse:
-    entry = CachedResponse(rid, None, (Segment((b'{"x":1}',)),))
+    entry = CachedResponse(rid, None, linked([Segment((b'{"x":1}',))]))
     return StoredResponse(entry, b"{}", 1)
 
 
