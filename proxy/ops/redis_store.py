@@ -266,22 +266,28 @@ class RedisStore:
         key = prefix + stored.entry.id
         try:
             result = await self._put(key, prefix, stored)
-            if result == b"no_parent":  # the parent went (its write was dropped): all of it
+            if result == "no_parent":  # the parent went (its write was dropped): all of it
                 result = await self._put(key, prefix, replace(stored, parent=None))
         except StoreUnavailable:
             self.metrics.store_writes_dropped.labels("unavailable").inc()
             return WriteResult.DROPPED
-        if result == b"exists":
+        if result == "exists":  # the same answer as the in-process store's: the run fails
             self.metrics.store_writes_dropped.labels("exists").inc()
             log.warning("store: response id %s is stored already; not overwritten", key)
             return WriteResult.EXISTS
+        if result != "ok":  # not the script's answer: never taken for a write that happened
+            self.metrics.store_writes_dropped.labels("unavailable").inc()
+            log.error("store: write of %s answered %r", key, result)
+            return WriteResult.DROPPED
         return WriteResult.STORED
 
-    async def _put(self, key: str, prefix: str, stored: StoredResponse) -> bytes:
+    async def _put(self, key: str, prefix: str, stored: StoredResponse) -> str:
+        """The write script's answer, as text whatever form the client hands it in (bytes,
+        or str with `decode_responses` in the URL): 'ok', 'exists' or 'no_parent'."""
         parent, segment, meta = encode(stored)
         args = (prefix, self.ttl_ms, MAX_CHAIN, parent, segment, meta, stored.response)
-        result: bytes = await self._call("write", lambda: self._write(keys=[key], args=args))
-        return result
+        result = await self._call("write", lambda: self._write(keys=[key], args=args))
+        return result.decode() if isinstance(result, bytes) else str(result)
 
     async def delete(self, rid: str, owner: str) -> bool:
         key = self.prefix(owner) + rid
