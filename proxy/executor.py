@@ -16,8 +16,10 @@ frames reach the client, how a run's upstream request is started and cancelled, 
   once the batch of actions they caused ended the run (drained, for reuse) or cancelled it
   (closed, which stops generation); `summarise` and `load` hand their answer back as
   `SummaryDone`/`SummaryFailed` and `StoredLoaded`.
-- `SaveStored`: awaited in place, then answered with `StoredSaved`: the run's terminal event
-  follows only once the store answered.
+- `SaveStored`: awaited in place in a run's own work (its upstream request, its summary, its
+  store read), then answered with `StoredSaved`: the run's terminal event follows only once the
+  store answered. A save a client message caused (a `generate: false` warm-up ends at once) is
+  started as the run's work instead (`Front.start`), so the reader never waits on the store.
 - `CancelUpstream`: another run's work is cancelled (`Front.cancel`); for the run whose events
   are being executed, the stream is left once the batch is done.
 - `RunCreated`, `Finished` and the upstream's timings go to the run tracker (ops/tracking.py),
@@ -127,7 +129,7 @@ class Executor:
         """A client message of `nbytes`: the runs it creates are traced from now."""
         received = time.monotonic()
         self.tracker.message(nbytes)
-        await self.execute(self.session.handle(event), None, received, nbytes)
+        await self.execute(self.session.handle(event), None, received, nbytes, reader=True)
 
     async def execute(
         self,
@@ -135,9 +137,12 @@ class Executor:
         run_id: int | None = None,
         received: float | None = None,
         nbytes: int = 0,
+        *,
+        reader: bool = False,
     ) -> Leave:
         """Execute the actions in order. `run_id`: the run whose upstream events caused them;
-        what they mean for its stream is returned."""
+        what they mean for its stream is returned. `reader`: a client message caused them
+        (the front's reader waits on this call)."""
         leave = Leave.STAY
         frames: list[Send | bytes] = []  # consecutive frames go out together
         for action in actions:
@@ -169,6 +174,8 @@ class Executor:
                         leave = max(leave, Leave.DRAIN)
                 case RunCreated():
                     self.tracker.created(action, received, nbytes)
+                case SaveStored() if reader:
+                    self.front.start(action.run_id, partial(self.save, action))
                 case SaveStored():
                     leave = max(leave, await self._save(action, run_id))
                 case CountTokens():
@@ -233,6 +240,11 @@ class Executor:
             await self.handle(SummaryFailed(action, err))
             return
         await self.handle(SummaryDone(action, result))
+
+    async def save(self, action: SaveStored) -> None:
+        """A save started as the run's own work (one a client message caused): the store's
+        answer, then the run's terminal event, from this task."""
+        await self._save(action, action.run_id)
 
     async def load(self, action: LoadStored) -> None:
         """Read a run's parent from the store, then hand the answer to the session."""

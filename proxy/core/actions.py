@@ -185,11 +185,13 @@ class CountTokens:
 @dataclass(frozen=True, slots=True)
 class Summarise:
     """Send this summarising request upstream and answer with `SummaryDone` or
-    `SummaryFailed`. Nothing of it reaches the client."""
+    `SummaryFailed`. Nothing of it reaches the client. `route`: the run's chain's, so the
+    summary goes to the replica whose prompt cache holds the history it summarises."""
 
     run_id: int
     body: list[bytes]
     path: str
+    route: Route | None = None
 
 
 Action = (

@@ -16,10 +16,11 @@ no run state; it asks the session (`Host`) to send, end and store.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from . import wire
-from .actions import Action, Outcome, SaveStored, Send
+from .actions import Action, Outcome, Route, SaveStored, Send, Summarise
 from .context.manager import ContextManager, SummaryResult, compaction_failed
 from .context.trigger import CompactionStream
 from .errors import ClientError, ProxyError, UpstreamError
@@ -65,6 +66,14 @@ class Host(Protocol):
     def queue(self) -> Iterable[Run]: ...
 
 
+def routed(run: Run, action: Summarise) -> Summarise:
+    """A run's summarising request, routed as its upstream request is (core/plan.py): to the
+    replica that served its parent, under its chain's key; not to the least loaded one."""
+    if run.chain is None:
+        return action
+    return replace(action, route=Route(run.parent.replica if run.parent else None, run.chain))
+
+
 class Compacting:
     """The compactions of one session's runs."""
 
@@ -81,7 +90,9 @@ class Compacting:
         assert run.context is not None
         run.move(RunState.COMPACTING)
         dialect = self.host.policy.dialect
-        return [self.context.summary_action(run.id, run.context, run.req.model, dialect)]
+        return [
+            routed(run, self.context.summary_action(run.id, run.context, run.req.model, dialect))
+        ]
 
     def trigger(self, run: Run) -> list[Action]:
         """A `compaction_trigger`: the response is the compaction of the conversation so
@@ -119,7 +130,8 @@ class Compacting:
                 if trigger is not None:
                     return self._next_summary(run, trigger)
                 dialect = host.policy.dialect
-                return [self.context.summary_action(run.id, run.context, run.req.model, dialect)]
+                action = self.context.summary_action(run.id, run.context, run.req.model, dialect)
+                return [routed(run, action)]
             if trigger is not None:
                 return self._compacted(run, trigger)
             run.context = self.context.compacted(run.context, host.owner, host.new_id("cmp"))
@@ -146,7 +158,7 @@ class Compacting:
             self.host.policy.dialect,
             instructions if isinstance(instructions, str) else None,
         )
-        return [*(Send(run.lane_frame(f)) for f in stream.compacting()), action]
+        return [*(Send(run.lane_frame(f)) for f in stream.compacting()), routed(run, action)]
 
     def _compacted(self, run: Run, stream: CompactionStream) -> list[Action]:
         """A trigger's summary is complete: seal the item, finish and cache the response."""

@@ -301,26 +301,32 @@ class RedisStore:
             result = await self._put(key, prefix, stored)
             # the parent went (its write was dropped), or the chain is as deep as it may be:
             # all of the conversation, as a chain's start
-            if result in (b"no_parent", b"too_deep"):
+            if result in ("no_parent", "too_deep"):
                 result = await self._put(key, prefix, replace(stored, parent=None))
         except StoreUnavailable as exc:  # a timeout: the script may have run all the same
             reason = "unknown" if exc.timed_out else "unavailable"
             self.metrics.store_writes_dropped.labels(reason).inc()
             return WriteResult.DROPPED
-        if result == b"exists":
+        if result == "exists":  # the same answer as the in-process store's: the run fails
             self.metrics.store_writes_dropped.labels("exists").inc()
             log.warning("store: response id %s is stored already; not overwritten", key)
             return WriteResult.EXISTS
+        if result != "ok":  # not the script's answer: never taken for a write that happened
+            self.metrics.store_writes_dropped.labels("unavailable").inc()
+            log.error("store: write of %s answered %r", key, result)
+            return WriteResult.DROPPED
         return WriteResult.STORED
 
-    async def _put(self, key: str, prefix: str, stored: StoredResponse) -> bytes:
+    async def _put(self, key: str, prefix: str, stored: StoredResponse) -> str:
+        """The write script's answer, as text whatever form the client hands it in (bytes,
+        or str with `decode_responses` in the URL): 'ok', 'exists', 'no_parent' or 'too_deep'."""
         parent, segment, meta = encode(stored)
         args = (
             *(prefix, self.renew_ms, self.ttl_ms, MAX_DEPTH, MAX_CHAIN),
             *(parent, segment, meta, stored.response),
         )
-        result: bytes = await self._call("write", lambda: self._write(keys=[key], args=args))
-        return result
+        result = await self._call("write", lambda: self._write(keys=[key], args=args))
+        return result.decode() if isinstance(result, bytes) else str(result)
 
     async def delete(self, rid: str, owner: str) -> bool:
         key = self.prefix(owner) + rid

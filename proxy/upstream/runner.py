@@ -83,7 +83,7 @@ class Runner:
         decoder = SSEDecoder(self.max_event_bytes)
         stream = dialect.translator({}, {"model": "", "store": False})
         body = b"".join(action.body)
-        async with self.pool.stream(action.path, body, self.headers) as (_, chunks):
+        async with self.pool.stream(action.path, body, self.headers, action.route) as (_, chunks):
             async for chunk in chunks:
                 for event in decoder.feed(chunk):  # an event past the bound: UpstreamError
                     stream.feed(event)

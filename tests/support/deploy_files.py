@@ -5,6 +5,7 @@ read by wsmode's own loader."""
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,45 @@ def probe_port(container: dict[str, Any], probe: str) -> int:
 SECRET_VALUES = {
     ("wsmode", "compaction-key"): base64.b64encode(bytes(range(32))).decode(),
     ("wsmode", "upstream-api-key"): "sk-model-server",
+    ("wsmode-redis", "password"): "0123456789abcdef" * 4,
 }
+
+
+def expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes's `$(NAME)` in an env value or an arg: the variable if defined (earlier in
+    the container's env), else left as written; `$$` is a literal `$`."""
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+        lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]),
+        value,
+    )
+
+
+def container_env(container: dict[str, Any], base: dict[str, str] | None = None) -> dict[str, str]:
+    """A container's variables in order, Secret references filled in from SECRET_VALUES and
+    `$(NAME)` expanded as the kubelet does (from the container's own earlier variables, not
+    the image's), on top of `base`."""
+    own: dict[str, str] = {}
+    for var in container.get("env", []):
+        if "value" in var:
+            own[var["name"]] = expand(str(var["value"]), own)
+        else:
+            ref = var["valueFrom"]["secretKeyRef"]
+            own[var["name"]] = SECRET_VALUES[(ref["name"], ref["key"])]
+    return {**(base or {}), **own}
+
+
+def container_args(container: dict[str, Any]) -> list[str]:
+    """A container's args as the kubelet passes them (`$(NAME)` from its env expanded)."""
+    env = container_env(container)
+    return [expand(str(a), env) for a in container.get("args", [])]
+
+
+def redis_container() -> dict[str, Any]:
+    pod = resource("Deployment", "wsmode-redis")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert isinstance(container, dict)
+    return container
 
 
 def configmap_toml() -> str:
@@ -80,13 +119,7 @@ def pod_env() -> dict[str, str]:
         if i["instruction"] == "COPY" and len(words := i["value"].split()) == 2
     }
     env = {name: copied.get(value, value) for name, value in env.items()}
-    for var in wsmode_container().get("env", []):
-        if "value" in var:
-            env[var["name"]] = str(var["value"])
-        else:
-            ref = var["valueFrom"]["secretKeyRef"]
-            env[var["name"]] = SECRET_VALUES[(ref["name"], ref["key"])]
-    return env
+    return container_env(wsmode_container(), env)
 
 
 def load(toml_text: str, tmp_path: Path) -> Settings:

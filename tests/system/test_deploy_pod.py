@@ -7,6 +7,7 @@ has its own tests). And the example Redis's arguments, on a real redis-server.""
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,7 +19,14 @@ import aiohttp
 import pytest
 from openai import AuthenticationError
 
-from tests.support.deploy_files import deployed_toml, pod_env, resource, wsmode_container
+from tests.support.deploy_files import (
+    container_args,
+    container_env,
+    deployed_toml,
+    pod_env,
+    redis_container,
+    wsmode_container,
+)
 from tests.support.helpers import (
     Sim,
     free_port,
@@ -91,29 +99,44 @@ async def test_the_readiness_probe_needs_no_key(
 
 @pytest.mark.skipif(not shutil.which("redis-server"), reason="redis-server is not installed")
 def test_the_example_redis_keeps_nothing_on_disk(tmp_path: Path) -> None:
-    """A real redis-server with the example's arguments (on a Unix socket, no TCP port):
-    it takes them, and saves neither snapshots nor an append-only file."""
-    redis = resource("Deployment", "wsmode-redis")["spec"]["template"]["spec"]
-    (container,) = redis["containers"]
+    """A real redis-server with the example's arguments (on a Unix socket, no TCP port), its
+    password filled in from the Secret as the kubelet does: it takes them, refuses a client
+    without the password, and saves neither snapshots nor an append-only file."""
+    container = redis_container()
     sock = tmp_path / "redis.sock"
-    args = ["redis-server", *container["args"], "--port", "0", "--unixsocket", str(sock)]
+    args = ["redis-server", *container_args(container), "--port", "0", "--unixsocket", str(sock)]
+    password = container_env(container)["REDIS_PASSWORD"]
     with subprocess.Popen([*args, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL) as proc:
         try:
 
-            def config(name: str) -> list[str]:
-                done = subprocess.run(
-                    ["redis-cli", "-s", str(sock), "CONFIG", "GET", name],
+            def cli(*command: str, auth: str | None = password) -> subprocess.CompletedProcess[str]:
+                env = {"PATH": os.environ["PATH"], **({"REDISCLI_AUTH": auth} if auth else {})}
+                return subprocess.run(
+                    ["redis-cli", "-s", str(sock), *command],
                     capture_output=True,
                     text=True,
                     check=False,
                     timeout=seconds(10),
+                    env=env,
                 )
+
+            def config(name: str) -> list[str]:
+                done = cli("CONFIG", "GET", name)
                 return done.stdout.splitlines() if done.returncode == 0 else []
 
             until_sync(lambda: config("save"), message="redis-server never answered")
             assert config("save") == ["save", ""]
             assert config("appendonly") == ["appendonly", "no"]
             assert config("maxmemory-policy") == ["maxmemory-policy", "volatile-ttl"]
+            # the readiness probe's command, with the container's REDISCLI_AUTH
+            probe = container["readinessProbe"]["exec"]["command"]
+            assert probe[0] == "redis-cli"
+            assert (
+                cli(*probe[1:], auth=container_env(container)["REDISCLI_AUTH"]).stdout == "PONG\n"
+            )
+            # no password, or a wrong one: refused
+            assert "NOAUTH" in cli("PING", auth=None).stdout
+            assert "PONG" not in cli("PING", auth="wrong").stdout
         finally:
             proc.terminate()
             proc.wait(timeout=seconds(10))

@@ -24,6 +24,8 @@ from tests.support.deploy_files import (
     ROOT,
     SECRET_VALUES,
     configmap_toml,
+    container_args,
+    container_env,
     deployed_settings,
     documents,
     load,
@@ -31,6 +33,7 @@ from tests.support.deploy_files import (
     nginx_wrapper,
     pod_env,
     probe_port,
+    redis_container,
     resource,
     wsmode_container,
 )
@@ -64,8 +67,14 @@ def test_every_manifest_is_a_valid_kubernetes_object() -> None:
             pytest.fail(f"{path.name}: {doc['kind']} {where}: {exc.message}")
         seen += 1
     kinds = sorted({d["kind"] for _, d in documents()})
-    assert kinds == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service"], kinds
-    assert seen == 6  # wsmode's four, Redis's Deployment and Service
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "Service",
+    ], kinds
+    assert seen == 7  # wsmode's four, Redis's Deployment, Service and NetworkPolicy
 
 
 def test_the_kustomization_lists_every_manifest() -> None:
@@ -80,23 +89,107 @@ def test_the_configmap_toml_loads_with_wsmodes_loader(tmp_path: Path) -> None:
     assert len(settings.upstream.urls) == 2
     assert settings.upstream.affinity == "conversation"
     assert settings.store.backend == "redis"
-    assert settings.store.redis_url == "redis://wsmode-redis:6379/0"
+    password = SECRET_VALUES[("wsmode-redis", "password")]
+    assert settings.store.redis_url == f"redis://:{password}@wsmode-redis:6379/0"
 
 
 def test_the_configmap_points_at_two_model_servers_and_the_example_redis() -> None:
-    """Read from the TOML itself, so it runs before the pool/store keys are in the loader."""
+    """Read from the TOML itself, so it runs before the pool/store keys are in the loader;
+    the store URL is the pod's (it carries the Secret's password, so it is not in the TOML)."""
     doc = tomllib.loads(configmap_toml())
     urls = doc["upstream"]["urls"]
     assert len(urls) == 2 and len(set(urls)) == 2
     assert all(u.startswith("http://") and u.endswith("/v1") for u in urls)
     assert doc["upstream"]["affinity"] == "conversation"
     assert doc["store"]["backend"] == "redis"
-    match = re.fullmatch(r"redis://([^:/]+):(\d+)/\d+", doc["store"]["redis_url"])
-    assert match, doc["store"]["redis_url"]
-    service = resource("Service", match[1])
-    assert int(match[2]) in [p["port"] for p in service["spec"]["ports"]]
-    redis = resource("Deployment", match[1])
+    assert "redis_url" not in doc["store"]  # the environment's would win over it anyway
+    url = pod_env()["WSMODE_STORE_REDIS_URL"]
+    match = re.fullmatch(r"redis://:([^@]+)@([^:/]+):(\d+)/\d+", url)
+    assert match, url
+    service = resource("Service", match[2])
+    assert int(match[3]) in [p["port"] for p in service["spec"]["ports"]]
+    redis = resource("Deployment", match[2])
     assert service["spec"]["selector"] == redis["spec"]["template"]["metadata"]["labels"]
+
+
+def test_redis_wants_the_password_wsmodes_store_url_carries() -> None:
+    """One Secret key: Redis starts with --requirepass from it, and wsmode's URL is built
+    from the same key (so rotating it changes both)."""
+    redis, wsmode = redis_container(), wsmode_container()
+    args = container_args(redis)
+    password = args[args.index("--requirepass") + 1]
+    assert password == SECRET_VALUES[("wsmode-redis", "password")]
+    # the value is a Secret reference, not written in the manifest
+    assert "$(" in str(redis["args"][redis["args"].index("--requirepass") + 1])
+    refs = {
+        v["valueFrom"]["secretKeyRef"]["name"] + "/" + v["valueFrom"]["secretKeyRef"]["key"]
+        for c in (redis, wsmode)
+        for v in c["env"]
+        if "valueFrom" in v and v["valueFrom"]["secretKeyRef"]["name"] == "wsmode-redis"
+    }
+    assert refs == {"wsmode-redis/password"}
+    assert f":{password}@" in pod_env()["WSMODE_STORE_REDIS_URL"]
+    # the readiness probe's redis-cli authenticates (it reads REDISCLI_AUTH)
+    assert container_env(redis)["REDISCLI_AUTH"] == password
+    assert redis["readinessProbe"]["exec"]["command"][0] == "redis-cli"
+    # no password anywhere in the committed files
+    assert password not in "".join(p.read_text() for p in K8S.glob("*.yaml"))
+
+
+def test_only_wsmodes_pods_reach_redis() -> None:
+    policy = resource("NetworkPolicy", "wsmode-redis")["spec"]
+    redis = resource("Deployment", "wsmode-redis")
+    wsmode = resource("Deployment", "wsmode")
+    redis_labels = redis["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= redis_labels.items()
+    assert policy["podSelector"]["matchLabels"]  # not every pod of the namespace
+    assert policy["policyTypes"] == ["Ingress"]
+    (rule,) = policy["ingress"]
+    (source,) = rule["from"]  # one peer: no namespaceSelector or ipBlock beside it
+    assert set(source) == {"podSelector"}
+    wsmode_labels = wsmode["spec"]["template"]["metadata"]["labels"]
+    assert source["podSelector"]["matchLabels"].items() <= wsmode_labels.items()
+    # ...and it is not matched by Redis's own pods or any other Deployment's
+    for _, doc in documents():
+        if doc["kind"] == "Deployment" and doc["metadata"]["name"] != "wsmode":
+            labels = doc["spec"]["template"]["metadata"]["labels"]
+            assert not source["podSelector"]["matchLabels"].items() <= labels.items()
+    (port,) = rule["ports"]
+    assert port["protocol"] == "TCP"
+    assert port["port"] in [p["name"] for p in redis_container()["ports"]]
+
+
+def test_no_pod_mounts_a_service_account_token() -> None:
+    for _, doc in documents():
+        if doc["kind"] == "Deployment":
+            pod = doc["spec"]["template"]["spec"]
+            assert pod.get("automountServiceAccountToken") is False, doc["metadata"]["name"]
+
+
+def test_every_image_is_pinned_by_digest() -> None:
+    """`name:tag@sha256:<64 hex>`: the digest decides what runs, the tag tells the reader."""
+    for _, doc in documents():
+        if doc["kind"] != "Deployment":
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            assert re.fullmatch(r"[^@\s]+:[\w.-]+@sha256:[0-9a-f]{64}", c["image"]), c["image"]
+    # the docs say how to put the real digests in place of the placeholders
+    docs = (ROOT / "docs" / "deployment.md").read_text()
+    assert "Pinning images" in docs and "@sha256:" in docs
+
+
+def test_redis_has_no_pdb_and_its_single_point_is_documented() -> None:
+    """A budget on a one-replica Redis blocks every node drain; its absence is said instead."""
+    pdbs = [d for _, d in documents() if d["kind"] == "PodDisruptionBudget"]
+    redis_labels = resource("Deployment", "wsmode-redis")["spec"]["template"]["metadata"]
+    for pdb in pdbs:
+        selector = pdb["spec"]["selector"]["matchLabels"].items()
+        assert not selector <= redis_labels["labels"].items(), pdb["metadata"]["name"]
+    assert resource("Deployment", "wsmode-redis")["spec"]["replicas"] == 1
+    docs = (ROOT / "docs" / "deployment.md").read_text()
+    assert "single point of failure" in docs
+    assert "single point of failure" in (K8S / "redis.yaml").read_text()
 
 
 def test_probes_ask_the_port_wsmode_listens_on(tmp_path: Path) -> None:
