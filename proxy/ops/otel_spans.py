@@ -75,7 +75,9 @@ class Tracing:
         # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; the provider
         # reads OTEL_TRACES_SAMPLER(_ARG); the exporter, without an endpoint, the
         # OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT and _HEADERS variables
-        resource = Resource.create({"service.name": "wsmode"}).merge(Resource.create())
+        resource = Resource.create()
+        if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+            resource = resource.merge(Resource({"service.name": "wsmode"}))  # nobody named it
         self.provider = TracerProvider(resource=resource)
         exporter = OTLPSpanExporter(endpoint=settings.endpoint or None)
         # bounded: a full queue drops new spans (and says so once) instead of waiting
