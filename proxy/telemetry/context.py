@@ -40,10 +40,7 @@ class TurnHook(Outgoing, Protocol):
     def summary(self) -> AbstractContextManager[Outgoing]: ...
 
 
-ON = [False]  # set once, when an app installs tracing: the upstream client looks no further
+# set once, when an app starts tracing: until then the upstream client and pool read no
+# context variable (`OUTGOING.get() if ON[0] else None`, once per model request)
+ON = [False]
 OUTGOING: ContextVar[Outgoing | None] = ContextVar("wsmode_outgoing", default=None)
-
-
-def outgoing() -> Outgoing | None:
-    """The span an upstream request made now belongs to; None with tracing off."""
-    return OUTGOING.get() if ON[0] else None

@@ -55,7 +55,7 @@ from ..core.actions import Route
 from ..core.errors import UpstreamError
 from ..core.routing import stable_hash
 from ..core.urls import redact_url
-from ..telemetry.context import outgoing
+from ..telemetry.context import ON, OUTGOING
 from .client import ConnectFailed, UpstreamClient, UpstreamGate
 
 log = logging.getLogger("wsmode.upstream")
@@ -309,7 +309,7 @@ class UpstreamPool:
         answered and its chunks. A replica that cannot be connected to passes the request
         to the next one; any other failure is raised as the client raises it."""
         order, outcome = self.order(route)
-        traced = outgoing() if outcome is not None else None  # tracing: the turn's span
+        traced = OUTGOING.get() if ON[0] else None  # tracing on: the turn's span
         send = headers
         name = self.settings.session_header
         if name and route is not None:
