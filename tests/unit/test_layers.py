@@ -5,7 +5,9 @@ Each part of the package may import only the parts below it:
     core  <-  config, logs  <-  ops, upstream  <-  build, runtime  <-  executor
           <-  ws_front, http_front, sidecar  <-  app  <-  serve  <-  cli
 
-`sim` (the simulated model) uses `core` only; `bench` is tooling and may use anything. `ops`
+`telemetry` (tracing's settings and hooks, no OpenTelemetry import) imports nothing of the
+package and may be imported by any part; config only its settings. `sim` (the simulated
+model) uses `core` only; `bench` is tooling and may use anything. `ops`
 and `upstream` are siblings and do not import each other: the runner reports timings through
 a protocol the tracker satisfies. A relative import that climbs out of a part is resolved to
 the part it lands in; an absolute `wsmode.*` import counts alike. The imports are read by
