@@ -29,6 +29,7 @@ from .http_front import passthrough
 from .http_front.compact import compact_response
 from .http_front.responses import create_response
 from .http_front.stored import delete_response, get_response, input_items, response_tokens
+from .ops import telemetry
 from .ops.middleware import OPS, install
 from .ops.redis_store import RedisStore
 from .ops.stores import LocalStore, store_status
@@ -194,6 +195,7 @@ def create_app(settings: Settings) -> web.Application:
         app[APP_STATE].store = store
         app.cleanup_ctx.append(functools.partial(_store, store))
     console.install(app, ops)  # GET /console, when the console is on (console/routes.py)
+    telemetry.install(app, settings.telemetry)  # traces of turns, when on (docs/telemetry.md)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_route("*", "/v1/responses", _responses)

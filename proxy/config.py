@@ -9,8 +9,7 @@ loader reports as `ConfigError`.
 Precedence, lowest first: the defaults below < a base TOML file (`WSMODE_BASE_CONFIG`: the
 Docker image's own defaults, so a mounted file still wins over them) < the TOML file
 (`--config`, `WSMODE_CONFIG`) < `WSMODE_<SECTION>_<KEY>` environment variables < command-line
-flags. The flags of
-`wsmode serve` also have short environment names: `WSMODE_HOST`, `WSMODE_PORT`,
+flags. The flags of `wsmode serve` also have short environment names: `WSMODE_HOST`, `WSMODE_PORT`,
 `WSMODE_UPSTREAM`. Every key is documented in config/wsmode.example.toml, which a test loads.
 Unknown sections or keys are errors, never silently ignored.
 """
@@ -35,11 +34,11 @@ from .core.policy import SessionLimits
 from .core.tokens.formats import TOOL_FORMATS
 from .core.urls import redact_url, without_userinfo
 from .sim.settings import SimSettings
+from .telemetry.settings import TelemetrySettings
 
 MiB = 1024 * 1024
 SECRET = {"secret": True}  # field metadata: never printed (config_view.py `redacted`)
 LOG_FORMATS = ("text", "json")
-
 
 _ORIGIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#\s]+$")
 
@@ -271,6 +270,7 @@ class Settings:
     chat: ChatOptions = field(default_factory=ChatOptions)
     guards: GuardSettings = field(default_factory=GuardSettings)
     console: ConsoleSettings = field(default_factory=ConsoleSettings)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
 
 
 # Short environment names for the flags of `wsmode serve`.

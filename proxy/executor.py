@@ -232,7 +232,8 @@ class Executor:
     async def summarise(self, action: Summarise) -> None:
         """A compaction's summarising request; its result back to the session."""
         try:
-            result = await self.runner.summary(self.session.policy.dialect, action)
+            span = self.tracker.span(action.run_id)  # None with tracing off
+            result = await self.runner.summary(self.session.policy.dialect, action, span)
         except UpstreamError as err:
             compaction_log.warning(
                 "%s compaction failed (%s): %s", self.runner.label, err.status, err.message

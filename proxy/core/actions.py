@@ -84,6 +84,7 @@ class RunCreated:
     lane: str | None = field(default=None, compare=False)
     previous_response_id: str | None = field(default=None, compare=False)
     input: tuple[bytes, ...] = field(default=(), compare=False)
+    model: str | None = field(default=None, compare=False)  # the request's (for tracing)
 
 
 @dataclass(frozen=True, slots=True)

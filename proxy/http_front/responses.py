@@ -36,6 +36,7 @@ from ..executor import Executor
 from ..ops.bodies import read_body
 from ..ops.middleware import OPS, REQUEST_ID, TRACKED, client_left
 from ..ops.outbound import Outbound
+from ..ops.telemetry import client_tracing
 from ..ops.tracking import RunTracker
 from ..runtime import APP_STATE, AppState
 
@@ -71,6 +72,7 @@ class HttpExchange:
             request.get(REQUEST_ID),
             console=ops.console,
             source="http",
+            tracing=client_tracing(request, state.policy.dialect.name),  # its traceparent's
         )
         runner = state.runner(request.headers, label)
         self.executor = Executor(self.session, self, runner, tracker, state.store, state.tokenizer)

@@ -16,13 +16,16 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.actions import Finished, Outcome, RunCreated, StartUpstream
 from ..core.errors import UpstreamError
 from .console_feed import ConsoleFeed, input_texts, output_texts
 from .metrics import Metrics
 from .usage import PendingRecord, UsageSink
+
+if TYPE_CHECKING:
+    from .otel_spans import ClientTracing, TurnSpan
 
 log = logging.getLogger("wsmode.runs")
 
@@ -62,6 +65,7 @@ class RunTrace:
     error_counted: bool = False
     clock: Callable[[], float] = field(default=time.monotonic)
     created: RunCreated | None = None  # what the console shows of the turn's request
+    span: TurnSpan | None = None  # the turn's span, when tracing is on (ops/otel_spans.py)
 
     # ---- called by the pump
     def sent(self) -> None:
@@ -101,6 +105,7 @@ class RunTracker:
         clock: Callable[[], float] = time.monotonic,
         console: ConsoleFeed | None = None,
         source: str = "",
+        tracing: ClientTracing | None = None,
     ) -> None:
         self.metrics = metrics
         self.usage = usage
@@ -112,6 +117,7 @@ class RunTracker:
         self.traces: dict[int, RunTrace] = {}
         self.console = console  # the console's feed, when the console is on
         self.source = source  # who the console says a turn came from (a connection id, "http")
+        self.tracing = tracing  # the client's tracing, when on (ops/telemetry.py)
 
     def message(self, nbytes: int) -> None:
         """A client message of `nbytes` arrived."""
@@ -124,9 +130,11 @@ class RunTracker:
         message arrived; a steer's successor, created by an upstream event, has none)."""
         if action.run_id not in self.traces:
             when = self.clock() if received is None else received
-            self.traces[action.run_id] = RunTrace(
+            trace = self.traces[action.run_id] = RunTrace(
                 self.metrics, when, client_bytes, clock=self.clock, created=action
             )
+            if self.tracing is not None:
+                trace.span = self.tracing.turn(action, when, self.clock)
 
     def start(self, action: StartUpstream) -> RunTrace:
         trace = self.traces.get(action.run_id)
@@ -137,10 +145,17 @@ class RunTracker:
         nbytes = sum(len(p) for p in action.body)
         trace.upstream_bytes += nbytes
         self.metrics.upstream_bytes_sent.inc(nbytes)
+        if trace.span is not None:
+            trace.span.started(action)
         return trace
 
     def trace(self, run_id: int) -> RunTrace | None:
         return self.traces.get(run_id)
+
+    def span(self, run_id: int) -> TurnSpan | None:
+        """The run's span (None with tracing off): a summary's parent."""
+        trace = self.traces.get(run_id)
+        return trace.span if trace is not None else None
 
     def finished(self, action: Finished) -> None:
         """The run ended, and its last events have been written to the client."""
@@ -186,6 +201,16 @@ class RunTracker:
             m.labelled(m.duration, "total").observe(total)
             m.labelled(m.duration, "upstream").observe(up)
             m.labelled(m.duration, "proxy").observe(max(0.0, total - up))
+        if trace is not None and trace.span is not None:
+            trace.span.finish(
+                action,
+                client_bytes=trace.client_bytes,
+                upstream_bytes=trace.upstream_bytes,
+                upstream_received=trace.upstream_received,
+                upstream_start=trace.upstream_start,
+                upstream_first=trace.upstream_first,
+                end=now,
+            )
         if self.console is not None:
             self.console.publish(self._turn(action, trace, now))
             if action.outcome in (Outcome.FAILED, Outcome.REJECTED):

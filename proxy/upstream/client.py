@@ -22,6 +22,7 @@ from ..config import UpstreamSettings
 from ..core.errors import UpstreamError, upstream_http_error, upstream_redirect
 from ..core.urls import ROOT, redact_url, server_root, without_userinfo
 from ..logs import request_id_var
+from ..telemetry.context import ON, OUTGOING
 from .connector import CheckedConnector
 
 log = logging.getLogger("wsmode.upstream")
@@ -300,34 +301,47 @@ class UpstreamClient:
         }
         base = self.base_url if base_url is None else base_url
         self._outgoing_headers(send, base)  # the session's middleware's work, for other requests
+        traced = OUTGOING.get() if ON[0] else None  # tracing on: the span it belongs to
         if path.startswith(ROOT):  # the server's own endpoint, beside its /v1 API
             base, path = server_root(base), path[len(ROOT) :]
         async with (self.gate if gate is None else gate).slot():
             if on_sent is not None:
                 on_sent()
+            # the request's own span, its context written into `traceparent`
+            span = None if traced is None else traced.request("POST", base + path, send)
+            error: BaseException | None = None
             try:
-                resp = await self._post(self._url(base + path), body, send)
-                if resp.status != 200:
-                    try:
-                        body = await self._error_body(resp)
-                        raise upstream_http_error(
-                            resp.status, body, resp.headers, url=redact_url(base + path)
-                        )
-                    finally:
+                try:
+                    resp = await self._post(self._url(base + path), body, send)
+                    if span is not None:
+                        span.answered(resp.status)
+                    if resp.status != 200:
+                        try:
+                            body = await self._error_body(resp)
+                            raise upstream_http_error(
+                                resp.status, body, resp.headers, url=redact_url(base + path)
+                            )
+                        finally:
+                            resp.release()
+                except RedirectRefused as exc:
+                    raise upstream_redirect(exc.status) from None
+                except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                    raise self._translate(exc, started=False, base=base) from exc
+                complete = False
+                try:
+                    yield self._chunks(resp)
+                    complete = await self._drain(resp)
+                finally:
+                    if complete:
                         resp.release()
-            except RedirectRefused as exc:
-                raise upstream_redirect(exc.status) from None
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                raise self._translate(exc, started=False, base=base) from exc
-            complete = False
-            try:
-                yield self._chunks(resp)
-                complete = await self._drain(resp)
+                    else:
+                        resp.close()
+            except BaseException as exc:
+                error = exc
+                raise
             finally:
-                if complete:
-                    resp.release()
-                else:
-                    resp.close()
+                if span is not None:
+                    span.end(error)
 
     def _url(self, url: str) -> URL:
         """`url` parsed, once per endpoint (a replica's responses, chat or token path)."""

@@ -55,6 +55,7 @@ from ..core.actions import Route
 from ..core.errors import UpstreamError
 from ..core.routing import stable_hash
 from ..core.urls import redact_url
+from ..telemetry.context import ON, OUTGOING
 from .client import ConnectFailed, UpstreamClient, UpstreamGate
 
 log = logging.getLogger("wsmode.upstream")
@@ -308,6 +309,7 @@ class UpstreamPool:
         answered and its chunks. A replica that cannot be connected to passes the request
         to the next one; any other failure is raised as the client raises it."""
         order, outcome = self.order(route)
+        traced = OUTGOING.get() if ON[0] else None  # tracing on: the turn's span
         send = headers
         name = self.settings.session_header
         if name and route is not None:
@@ -316,6 +318,8 @@ class UpstreamPool:
             async with self._on(order[0], path, body, send, on_sent) as chunks:
                 if outcome is not None:
                     self.affinity[outcome] += 1
+                    if traced is not None:
+                        traced.affinity(outcome)
                 yield order[0], chunks
             return
         async with AsyncExitStack() as stack:
@@ -330,7 +334,10 @@ class UpstreamPool:
                     log.warning("%s; trying the next upstream replica", err.message)
                     continue
                 if outcome is not None:
-                    self.affinity["moved" if attempt and outcome == "hit" else outcome] += 1
+                    placed = "moved" if attempt and outcome == "hit" else outcome
+                    self.affinity[placed] += 1
+                    if traced is not None:
+                        traced.affinity(placed)
                 yield replica, chunks
                 return
 

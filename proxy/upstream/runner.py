@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Mapping
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
@@ -43,6 +43,7 @@ from ..core.events import (
 )
 from ..core.sse import SSEDecoder
 from ..core.tokens.dialect import ROOT, TokenPrompt
+from ..telemetry.context import OUTGOING, TurnHook
 from .client import request_body
 from .moderation import Moderator
 from .pool import Replica, UpstreamPool
@@ -59,6 +60,9 @@ class Trace(Protocol):
     def sent(self) -> None: ...
     def built(self, nbytes: int) -> None: ...
     def chunk(self, nbytes: int) -> None: ...
+    @property
+    def span(self) -> TurnHook | None:
+        """The turn's span when tracing is on (telemetry/context.py)."""
 
 
 class _Abandoned(Exception):
@@ -78,8 +82,21 @@ class Runner:
     def call(self, start: StartUpstream, trace: Trace | None = None) -> UpstreamCall:
         return UpstreamCall(self, start, trace)
 
-    async def summary(self, dialect: Dialect, action: Summarise) -> SummaryResult:
-        """Raises UpstreamError when the upstream fails or ends without a terminal event."""
+    async def summary(
+        self, dialect: Dialect, action: Summarise, span: TurnHook | None = None
+    ) -> SummaryResult:
+        """Raises UpstreamError when the upstream fails or ends without a terminal event.
+        `span`: the turn's, when traced; the summary is its child."""
+        if span is None:
+            return await self._summary(dialect, action)
+        with span.summary() as outgoing:
+            token = OUTGOING.set(outgoing)
+            try:
+                return await self._summary(dialect, action)
+            finally:
+                OUTGOING.reset(token)
+
+    async def _summary(self, dialect: Dialect, action: Summarise) -> SummaryResult:
         decoder = SSEDecoder(self.max_event_bytes)
         stream = dialect.translator({}, {"model": "", "store": False})
         body = b"".join(action.body)
@@ -142,10 +159,12 @@ class UpstreamCall:
     async def _run(self) -> AsyncIterator[Report]:
         runner, start, trace = self.runner, self.start, self.trace
         run_id = start.run_id
+        span = trace.span if trace is not None else None  # tracing: the turn's span
         if start.moderate is not None and runner.moderator is not None:
             # before the model request: a flagged turn never reaches the model, and the
             # wait counts as the proxy's part of the time to first event
-            refusal = await runner.moderator.check(start.moderate, runner.label)
+            with nullcontext() if span is None else span.moderation():
+                refusal = await runner.moderator.check(start.moderate, runner.label)
             if refusal is not None:
                 yield InputRefused(start, refusal)
                 return
@@ -166,11 +185,21 @@ class UpstreamCall:
                 trace.built(len(body))
         on_sent = trace.sent if trace is not None else None
         request = runner.pool.stream(start.path, body, runner.headers, start.route, on_sent)
+        # traced: the request's span is the turn's child (set only while it is made: the
+        # generator yields to the executor, which must not see it)
+        token = OUTGOING.set(span) if span is not None else None
         try:
             replica, chunks = await request.__aenter__()
             self._request = request
         except UpstreamError as err:
-            yield self._failed(err)
+            failure: UpstreamError | None = err
+        else:
+            failure = None
+        finally:
+            if token is not None:
+                OUTGOING.reset(token)
+        if failure is not None:
+            yield self._failed(failure)
             return
         yield Routed(start, replica.name)
         try:

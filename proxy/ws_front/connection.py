@@ -51,6 +51,7 @@ from ..core.store import owner_of
 from ..executor import Executor
 from ..ops.middleware import CLOSE_CODE, OPS, REQUEST_ID
 from ..ops.outbound import Outbound
+from ..ops.telemetry import client_tracing
 from ..ops.throttle import ReadRate
 from ..ops.tracking import RunTracker
 from ..runtime import AppState
@@ -92,6 +93,8 @@ class ClientConnection:
             request.get(REQUEST_ID),
             console=self.ops.console,
             source=self.id,
+            # the handshake's traceparent is the parent of every turn of the socket
+            tracing=client_tracing(request, state.policy.dialect.name),
         )
         runner = state.runner(request.headers, tracker.label)
         self.executor = Executor(self.session, self, runner, tracker, state.store, state.tokenizer)

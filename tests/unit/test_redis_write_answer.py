@@ -16,7 +16,7 @@ from wsmode.ops.redis_store import RedisStore
 
 
 def stored(rid: str = "resp_1") -> StoredResponse:
-    return StoredResponse(CachedResponse(rid, None, ()), b"{}", 1)
+    return StoredResponse(CachedResponse(rid, None, None), b"{}", 1)
 
 
 def store_answering(*replies: Any) -> tuple[RedisStore, list[Any]]:
