@@ -92,6 +92,7 @@ class ClientConnection:
             request.get(REQUEST_ID),
             console=self.ops.console,
             source=self.id,
+            refusals=True,
         )
         runner = state.runner(request.headers, tracker.label)
         self.executor = Executor(self.session, self, runner, tracker, state.store, state.tokenizer)
