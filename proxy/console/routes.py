@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -39,7 +40,7 @@ from aiohttp import web
 from ..config import ConfigError, Settings
 from ..core import wire
 from ..ops.console_feed import ConsoleFeed, Subscriber
-from ..ops.middleware import OPS, Ops, client_left
+from ..ops.middleware import Ops, client_left
 from ..ops.origin import host_name, is_loopback
 from ..runtime import APP_STATE
 from .state import snapshot
@@ -69,12 +70,41 @@ _CLOSE_BOUND = 1.0  # seconds a feed's socket may take to flush once it is close
 _STALL = 10.0  # seconds a write may wait on a page that takes nothing before it is dropped
 
 
-def enabled(settings: Settings) -> bool:
-    """Whether the console is on for these settings."""
+@dataclass(frozen=True)
+class Served:
+    """What the feed's route needs of the server it is part of (the proxy's `Ops`, the
+    sidecar's state): the feed, and where an open feed is known to the drain."""
+
+    feed: ConsoleFeed
+    register: Callable[[Any], None]
+    unregister: Callable[[Any], None]
+
+
+SERVED = web.AppKey("wsmode_console", Served)
+
+
+def enabled_on(settings: Settings, host: str) -> bool:
+    """Whether the console is on for a server listening on `host`: `console.enabled`,
+    where "auto" means on a loopback address only."""
     on = settings.console.enabled
     if on == "auto":
-        return is_loopback(host_name(settings.server.host))
+        return is_loopback(host_name(host))
     return bool(on)
+
+
+def enabled(settings: Settings) -> bool:
+    """Whether the proxy's console is on for these settings."""
+    return enabled_on(settings, settings.server.host)
+
+
+def check_auth(settings: Settings, host: str, has_auth: bool) -> None:
+    """Raises ConfigError when the console is on for a non-loopback `host` without auth."""
+    if not is_loopback(host_name(host)) and not has_auth:
+        raise ConfigError(
+            f"console.enabled = true on a non-loopback listener ({host}) "
+            "needs proxy auth: set auth.api_keys or auth.api_key_hashes_file, or listen "
+            "on 127.0.0.1"
+        )
 
 
 def install(app: web.Application, ops: Ops) -> None:
@@ -83,20 +113,24 @@ def install(app: web.Application, ops: Ops) -> None:
     settings = ops.settings
     if not enabled(settings):
         return
-    if not is_loopback(host_name(settings.server.host)) and ops.auth is None:
-        raise ConfigError(
-            f"console.enabled = true on a non-loopback listener ({settings.server.host}) "
-            "needs proxy auth: set auth.api_keys or auth.api_key_hashes_file, or listen "
-            "on 127.0.0.1"
-        )
+    check_auth(settings, settings.server.host, ops.auth is not None)
     ops.console = ConsoleFeed(settings.console)
     ops.console.source = lambda: snapshot(app[APP_STATE], ops)
+    for path in add_routes(app, Served(ops.console, ops.register, ops.unregister)):
+        ops.open_paths.add(path)
+
+
+def add_routes(app: web.Application, served: Served, page: str = "index.html") -> list[str]:
+    """The page (`page`, a file of static/), its script and style sheet, and the feed; the
+    paths that need no auth (the page's files, which hold no data) are returned."""
+    app[SERVED] = served
     static = resources.files(__package__) / "static"
-    for path, (name, content_type) in FILES.items():
+    files = {**FILES, PAGE: (page, FILES[PAGE][1])}
+    for path, (name, content_type) in files.items():
         body = (static / name).read_bytes()
         app.router.add_get(path, _file(body, content_type))
-        ops.open_paths.add(path)
     app.router.add_get(FEED, _feed)
+    return list(files)
 
 
 def _file(body: bytes, content_type: str) -> Any:
@@ -146,9 +180,8 @@ def hang_up(transport: asyncio.Transport | None) -> None:
 
 
 async def _feed(request: web.Request) -> web.StreamResponse:
-    ops = request.app[OPS]
-    console = ops.console
-    assert console is not None
+    served = request.app[SERVED]
+    console = served.feed
     transport = request.transport
     joined = console.subscribe(lambda: hang_up(transport))  # a page too slow for the feed
     if joined is None:
@@ -164,7 +197,7 @@ async def _feed(request: web.Request) -> web.StreamResponse:
         return web.Response(status=503, body=wire.dumps(body), content_type="application/json")
     sub, backlog = joined
     reader = _Reader(sub, transport if isinstance(transport, asyncio.Transport) else None)
-    ops.register(reader)
+    served.register(reader)
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", **HEADERS, "X-Accel-Buffering": "no"}
     )
@@ -199,7 +232,7 @@ async def _feed(request: web.Request) -> web.StreamResponse:
     finally:
         reader.done = True
         console.unsubscribe(sub)
-        ops.unregister(reader)
+        served.unregister(reader)
     return resp
 
 
