@@ -1,4 +1,4 @@
-"""The sidecar's console: the proxy's page and feed (proxy/console/routes.py), under the
+"""The sidecar's console: the proxy's page and feed (ops/console_page.py), under the
 same policy, showing what the sidecar does.
 
 On as the proxy's is: `console.enabled = "auto"` turns it on when `sidecar.host` is a
@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from ..config import Settings
-from ..console import routes
+from ..ops import console_page as routes
 from ..ops.console_feed import ConsoleFeed, output_texts, texts
 from .chains import Plan
 
