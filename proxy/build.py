@@ -136,14 +136,12 @@ def build_context(settings: Settings) -> ContextManager | None:
         key = decode_key(c.key)
     else:
         key = new_key()
-        # it matters at once with several workers (each makes its own key); otherwise only
-        # across restarts and replicas, which a local user may never have
-        report = log.warning if settings.server.workers > 1 else log.info
-        report(
+        # it matters only across restarts and replicas, which a local user may never have;
+        # with several workers the supervisor makes one key for all (serve.py)
+        log.info(
             "compaction.key is not set: compaction items are sealed with a key made at "
-            "start-up, so a conversation compacted now cannot continue after a restart%s; set "
-            "compaction.key (docs/deployment.md) to keep them working",
-            ", nor on another worker" if settings.server.workers > 1 else " or on another replica",
+            "start-up, so a conversation compacted now cannot continue after a restart or on "
+            "another replica; set compaction.key (docs/deployment.md) to keep them working"
         )
     window = settings.upstream.context_window
     return ContextManager(ContextSettings(settings.tokens, c, window), Sealer(key))

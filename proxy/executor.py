@@ -129,7 +129,9 @@ class Executor:
         """A client message of `nbytes`: the runs it creates are traced from now."""
         received = time.monotonic()
         self.tracker.message(nbytes)
-        await self.execute(self.session.handle(event), None, received, nbytes, reader=True)
+        actions = self.session.handle(event)
+        self.tracker.refusals(actions)
+        await self.execute(actions, None, received, nbytes, reader=True)
 
     async def execute(
         self,

@@ -142,6 +142,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
+            "pid": record.process,  # which worker logged it (server.workers)
         }
         rid = getattr(record, "request_id", None)
         if rid:

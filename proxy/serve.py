@@ -39,6 +39,7 @@ from multiprocessing.process import BaseProcess
 from aiohttp import web
 
 from .config import ServerSettings, Settings
+from .core.context.sealing import encode_key, new_key
 from .ops import descriptors
 from .ops.listener import Listener
 from .ops.middleware import OPS
@@ -289,13 +290,32 @@ def _worker(settings: Settings) -> None:
     asyncio.run(serve(settings))
 
 
+def shared_compaction_key(settings: Settings) -> Settings:
+    """`settings` with a `compaction.key` every worker shares: the configured one, else one
+    made here, once, and handed to each worker (a restarted one too) with its settings. A
+    compaction item sealed by one worker then opens on every other; it still does not open
+    after the supervisor restarts, nor on another replica, without a configured key."""
+    c = settings.compaction
+    if not c.enabled or c.key:
+        return settings
+    log.warning(
+        "compaction.key is not set: the %d workers share a key made at start-up, so a "
+        "conversation compacted now cannot continue after a restart or on another replica; "
+        "set compaction.key (docs/deployment.md) to keep them working",
+        settings.server.workers,
+    )
+    key = encode_key(new_key())
+    return dataclasses.replace(settings, compaction=dataclasses.replace(c, key=key))
+
+
 def supervise(settings: Settings) -> int:
     """Start the workers, each listening with SO_REUSEPORT; restart one that dies (at most
     once a second); on SIGTERM or SIGINT pass SIGTERM on, so each drains, and wait for all.
     Exit 0 when every worker exited 0 after the signal."""
     count = settings.server.workers
     child = dataclasses.replace(
-        settings, server=dataclasses.replace(settings.server, workers=1, reuse_port=True)
+        shared_compaction_key(settings),
+        server=dataclasses.replace(settings.server, workers=1, reuse_port=True),
     )
     spawn = multiprocessing.get_context("spawn")
     stopping = False

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..core.actions import Finished, Outcome, RunCreated, StartUpstream
+from ..core.actions import Action, Finished, Outcome, RunCreated, Send, StartUpstream
 from ..core.errors import UpstreamError
 from .console_feed import ConsoleFeed, input_texts, output_texts
 from .metrics import Metrics
@@ -106,6 +106,7 @@ class RunTracker:
         console: ConsoleFeed | None = None,
         source: str = "",
         tracing: ClientTracing | None = None,
+        refusals: bool = False,
     ) -> None:
         self.metrics = metrics
         self.usage = usage
@@ -118,10 +119,30 @@ class RunTracker:
         self.console = console  # the console's feed, when the console is on
         self.source = source  # who the console says a turn came from (a connection id, "http")
         self.tracing = tracing  # the client's tracing, when on (ops/telemetry.py)
+        # whether messages refused before a run exists are the console's errors too (a
+        # WebSocket front's; an HTTP front's refusals are its 400 answers, which the
+        # middleware publishes)
+        self.publish_refusals = refusals
 
     def message(self, nbytes: int) -> None:
         """A client message of `nbytes` arrived."""
         self.metrics.client_bytes.inc(nbytes)
+
+    def refusals(self, actions: Iterable[Action]) -> None:
+        """The actions of one client message: when it created no run and ended none, its
+        `error` events are refusals of the message itself (not valid JSON, an unknown type,
+        an invalid create, steer or cancel), and the console lists them among its errors.
+        (A run's failure is published once, when it finishes: `_failed`.)"""
+        if self.console is None or not self.publish_refusals:
+            return
+        actions = list(actions)
+        if any(isinstance(a, (RunCreated, Finished)) for a in actions):
+            return
+        for action in actions:
+            if isinstance(action, Send) and action.error is not None:
+                err = action.error
+                where = f"{self.source} message"
+                self.console.error(where, err.status, err.code, err.message)
 
     def created(
         self, action: RunCreated, received: float | None = None, client_bytes: int = 0

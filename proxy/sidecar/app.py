@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -24,10 +26,12 @@ from ..core import wire
 from ..core.urls import missing_v1, redact_url
 from ..ops.auth import Authenticator, credentials
 from ..ops.bodies import read_body
+from ..ops.console_feed import ConsoleFeed
 from ..ops.middleware import CLIENT_CLOSED, client_left
 from ..ops.origin import SitePolicy, install_site_policy
 from ..upstream.client import UpstreamClient
 from ..upstream.passthrough import relay_http
+from . import console
 from .chains import ChainMemory
 from .exchange import Exchange, UseHttp
 from .ops import SidecarMetrics, guard, metrics_route
@@ -62,6 +66,8 @@ class SidecarState:
     pool: SocketPool
     memory: ChainMemory
     stats: Counter[str] = field(default_factory=Counter)
+    console: ConsoleFeed | None = None  # the console's feed, when it is on (console.py)
+    turns: int = 0  # POST /v1/responses carried on a socket, numbered for the console
 
 
 SIDECAR = web.AppKey("wsmode_sidecar", SidecarState)
@@ -111,14 +117,33 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         read_timeout=state.settings.sidecar.read_timeout,
         stats=state.stats,
     )
+    began = time.monotonic()
     try:
-        return await exchange.run()
+        answer = await exchange.run()
     except UseHttp as exc:
         return await _over_http(request, state, raw, str(exc))
     except ConnectionResetError:  # the client left mid-stream; its upstream socket is closed
         if exchange.response is None:
             raise
         return exchange.response
+    if state.console is not None and exchange.done is not None:
+        state.turns += 1
+        relay = exchange.relay
+        state.console.publish(
+            console.turn(
+                state.console,
+                state.turns,
+                plan,
+                "delta" if relay.delta else "full",
+                len(raw),
+                exchange.sent_bytes,
+                exchange.done.outcome,
+                relay.response_id,
+                relay.output,
+                time.monotonic() - began,
+            )
+        )
+    return answer
 
 
 @web.middleware
@@ -149,18 +174,20 @@ async def _other(request: web.Request) -> web.StreamResponse:
     return await relay_http(request, request.app[SIDECAR].http)
 
 
+def _status(state: SidecarState) -> dict[str, Any]:
+    """What /healthz and the console's snapshots say of the sidecar."""
+    return {
+        "status": "ok",
+        "mode": "sidecar",
+        "upstream": state.http.shown(state.http.base_url),
+        "websocket_refused": state.pool.websocket_refused(),
+        "upstream_websockets": state.pool.open_count,
+        "chains": len(state.memory),
+    }
+
+
 async def _healthz(request: web.Request) -> web.Response:
-    state = request.app[SIDECAR]
-    return web.json_response(
-        {
-            "status": "ok",
-            "mode": "sidecar",
-            "upstream": state.http.shown(state.http.base_url),
-            "websocket_refused": state.pool.websocket_refused(),
-            "upstream_websockets": state.pool.open_count,
-            "chains": len(state.memory),
-        }
-    )
+    return web.json_response(_status(request.app[SIDECAR]))
 
 
 def create_sidecar_app(settings: Settings) -> web.Application:
@@ -192,7 +219,11 @@ def create_sidecar_app(settings: Settings) -> web.Application:
         lambda: len(state.memory),
         state.pool.websocket_refused,
     )
-    app.middlewares.append(guard(Authenticator.from_settings(settings.auth), metrics, sc.api_key))
+    auth = Authenticator.from_settings(settings.auth)
+    state.console, open_paths = console.install(
+        app, settings, auth is not None, lambda: _status(state)
+    )
+    app.middlewares.append(guard(auth, metrics, sc.api_key, open_paths, state.console))
     if settings.server.metrics:
         app.router.add_get("/metrics", metrics_route(metrics))
     app.router.add_get("/healthz", _healthz)

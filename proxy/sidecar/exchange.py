@@ -48,6 +48,7 @@ class Exchange:
     response: web.StreamResponse | None = None  # the SSE answer, once started
     reply: Reply | None = None
     done: Done | None = None
+    sent_bytes: int = 0  # the `response.create` messages sent on the socket, every attempt
 
     def __post_init__(self) -> None:
         self.relay = Relay(
@@ -112,6 +113,7 @@ class Exchange:
             frame = wire.dumps({"type": "response.create", **body})
         except wire.JSONEncodeError:  # nested too deeply to write: the upstream says so
             raise UseHttp("the request is nested too deeply to send as a message") from None
+        self.sent_bytes += len(frame)
         try:
             await sock.ws.send_frame(frame, WSMsgType.TEXT)
         except (ConnectionError, RuntimeError):

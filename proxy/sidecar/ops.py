@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -27,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from ..core import wire
 from ..ops.auth import Authenticator
+from ..ops.console_feed import ConsoleFeed
 from ..ops.metrics import CONTENT_TYPE
 
 log = logging.getLogger("wsmode.sidecar")
@@ -106,16 +108,26 @@ def _route(request: web.Request) -> str:
     return resource.canonical if resource is not None else "unmatched"
 
 
-def guard(auth: Authenticator | None, metrics: SidecarMetrics, upstream_key: str) -> Middleware:
+def guard(
+    auth: Authenticator | None,
+    metrics: SidecarMetrics,
+    upstream_key: str,
+    open_paths: Iterable[str] = (),
+    console: ConsoleFeed | None = None,
+) -> Middleware:
     """The middleware: counts every request, and checks proxy auth on all but the open
-    routes, handing the request on with the upstream's credential in place of the key."""
+    routes (and `open_paths`: the console's page and its files), handing the request on
+    with the upstream's credential in place of the key. With the console on, every answer
+    of 400 or more is one of its recent errors."""
+    open_routes = _OPEN_ROUTES | frozenset(open_paths)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         route = _route(request)
         status = 500
+        resp: web.StreamResponse | None = None
         try:
-            open_route = request.path in _OPEN_ROUTES
+            open_route = request.path in open_routes
             presented = request.headers.get("Authorization")
             if auth is not None and not open_route and not auth.check(presented):
                 status = 401
@@ -125,7 +137,8 @@ def guard(auth: Authenticator | None, metrics: SidecarMetrics, upstream_key: str
                     route,
                     request.remote,
                 )
-                return _denied()
+                resp = _denied()
+                return resp
             if (auth is not None or upstream_key) and not open_route:
                 headers = CIMultiDict(request.headers)
                 headers.popall("Authorization", None)
@@ -140,8 +153,15 @@ def guard(auth: Authenticator | None, metrics: SidecarMetrics, upstream_key: str
             raise
         finally:
             metrics.requests.labels(route, request.method, str(status)).inc()
+            if console is not None and status >= 400:
+                body = resp.body if isinstance(resp, web.Response) else None
+                console.http_error(request.method, route, status, _bytes(body))
 
     return middleware
+
+
+def _bytes(body: Any) -> bytes | None:
+    return body if isinstance(body, bytes) else None
 
 
 def _denied() -> web.Response:

@@ -95,6 +95,7 @@ class ClientConnection:
             source=self.id,
             # the handshake's traceparent is the parent of every turn of the socket
             tracing=client_tracing(request, state.policy.dialect.name),
+            refusals=True,
         )
         runner = state.runner(request.headers, tracker.label)
         self.executor = Executor(self.session, self, runner, tracker, state.store, state.tokenizer)

@@ -28,6 +28,7 @@ from tests.support.helpers import (
     create,
     post_responses,
     proxy_settings,
+    recv,
     sample,
     scrape,
     seconds,
@@ -127,6 +128,31 @@ async def test_an_http_turn_that_fails_is_one_error_and_a_bad_body_another(proxy
         ("http run 1", 400, "previous_response_not_found"),
         ("POST /v1/responses", 400, "invalid_json"),
     ]
+
+
+async def test_websocket_messages_refused_before_a_run_are_recent_errors(proxy: Proxy) -> None:
+    async with connect(proxy.ws) as ws:
+        await ws.send("{not json")
+        assert (await recv(ws))["error"]["code"] == "invalid_json"
+        await send(ws, create(input=[user("hi")], temperature="hot"))
+        refused = (await recv(ws))["error"]["code"]
+        # a run that fails is listed once, as before
+        await send(ws, create(input=[user("x")], previous_response_id="resp_gone"))
+        assert (await until_terminal(ws))[-1]["type"] == "error"
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{proxy.served.base}/console/feed") as r,
+        ):
+            events = await read_events(r, lambda ev: any(e["type"] == "state" for e in ev))
+    [state] = [e for e in events if e["type"] == "state"]
+    where = [(e["where"].split(" ")[1], e["status"], e["code"]) for e in state["errors"]]
+    assert where == [
+        ("message", 400, "invalid_json"),
+        ("message", 400, refused),
+        ("run", 400, "previous_response_not_found"),
+    ]
+    assert all(e["where"].startswith("conn_") for e in state["errors"])
+    assert not any("message" in e for e in state["errors"])  # no text without show_content
 
 
 async def test_with_show_content_the_feed_carries_the_text(

@@ -1,11 +1,13 @@
 """deploy/'s HAProxy, nginx and Caddy configs, checked by the tools themselves (`haproxy -c`,
-`nginx -t`, `caddy adapt`), each where it is installed. Nothing is started: what the configs
+`nginx -t`, `caddy adapt`), each where it is installed (in CI, where REQUIRE_DEPLOY_BALANCERS
+is set, Caddy must be: .ci/run installs it). Nothing is started: what the configs
 say against the wsmode configuration they deploy is read in tests/unit/test_deploy.py, and
 tests/system/test_deploy_balancers.py runs HAProxy and nginx in front of wsmode."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -45,10 +47,13 @@ def test_nginx_accepts_the_reference_config(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
-# ---------------------------------------------------------------- Caddy (optional)
+# ---------------------------------------------------------------- Caddy
 
 
-@pytest.mark.skipif(shutil.which("caddy") is None, reason="caddy is not installed")
+@pytest.mark.skipif(
+    shutil.which("caddy") is None and not os.environ.get("REQUIRE_DEPLOY_BALANCERS"),
+    reason="caddy is not installed (apt-get install caddy)",
+)
 def test_caddy_proxies_with_readiness_checks_and_no_buffering() -> None:
     """`caddy adapt` only turns the Caddyfile into Caddy's JSON; it starts nothing (`caddy
     validate` would start the health checks, towards the example addresses)."""

@@ -15,6 +15,8 @@ import sys
 import pytest
 from wsmode.build import build_context
 from wsmode.config import load_settings
+from wsmode.core.context.sealing import decode_key
+from wsmode.serve import shared_compaction_key
 
 from tests.support.helpers import free_port, running, seconds, wait_healthy
 
@@ -91,9 +93,13 @@ async def test_loopback_with_auth_gives_no_exposure_warning() -> None:
 def test_compaction_key_warns_only_with_several_workers(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "wsmode")
     build_context(load_settings(None, {}, {}))
-    build_context(load_settings(None, {}, {"server.workers": "2"}))
-    levels = [(r.levelname, "another worker" in r.getMessage()) for r in caplog.records]
+    several = load_settings(None, {}, {"server.workers": "2"})
+    shared = shared_compaction_key(several)  # the supervisor's, before it starts the workers
+    levels = [(r.levelname, "workers share a key" in r.getMessage()) for r in caplog.records]
     assert levels == [("INFO", False), ("WARNING", True)]
+    assert decode_key(shared.compaction.key) and several.compaction.key == ""
+    assert shared_compaction_key(shared) is shared  # a key set is kept as it is
+    assert shared.compaction.key not in caplog.text
 
 
 def _version() -> str:

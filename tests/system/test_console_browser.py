@@ -2,6 +2,9 @@
 browser Playwright downloads), against wsmode and the sim on 127.0.0.1, with a conversation
 run by the openai SDK over WebSocket mode.
 
+The sidecar's page (the same page and feed, fewer panels) is checked the same way, with an
+HTTP-only conversation through a sidecar in front of wsmode.
+
 The page must show each turn and its byte counts (the numbers wsmode counted), the open
 connection, the upstream, the memory parts and recent errors with their codes; no payload
 text unless `console.show_content`; with proxy auth it asks for the key and reads the feed
@@ -25,7 +28,17 @@ from openai import AsyncOpenAI
 from playwright.async_api import Locator, Page, Route, async_playwright
 
 from tests.support.console_feed import short
-from tests.support.helpers import Proxy, Sim, sample, scrape, sdk_chain, sdk_terminal, seconds
+from tests.support.helpers import (
+    Proxy,
+    Sidecar,
+    Sim,
+    sample,
+    scrape,
+    sdk_chain,
+    sdk_terminal,
+    seconds,
+)
+from tests.support.sidecar_turns import conversation as http_conversation
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
@@ -195,4 +208,37 @@ async def test_behind_auth_the_page_asks_for_the_key_and_never_puts_it_in_a_url(
         assert await page.locator("#key-form").is_hidden()
         assert urls and not any(key in url for url in urls)
         assert key not in page.url
+        assert outside == []
+
+
+async def test_the_sidecars_page_shows_its_turns_and_the_bytes_on_its_websocket(
+    proxy: Proxy, sidecar_factory: Callable[..., Awaitable[Sidecar]], tmp_path: Path
+) -> None:
+    """A sidecar in front of wsmode in front of the sim, and one HTTP-only conversation
+    through the sidecar: its page lists the turns, the bytes the client sent and the
+    smaller messages the sidecar sent on its one WebSocket."""
+    sidecar = await sidecar_factory(proxy.http)
+    base = sidecar.served.base
+    async with browser(tmp_path / "profile", base) as (page, outside):
+        await page.goto(f"{base}/console")
+        await page.locator("#status.live").wait_for()
+        done = await http_conversation(sidecar.http, list(WORDS))
+        await page.locator("tr.turn").nth(2).wait_for()
+        chat = page.locator(".conversation", has_text=short(done[0]["response_id"]))
+        assert await texts(chat, "tr.turn td.response-id") == [
+            short(d["response_id"]) for d in done
+        ]
+        client_bytes = [number(t) for t in await texts(chat, "tr.turn td.client-bytes")]
+        sent = [number(t) for t in await texts(chat, "tr.turn td.upstream-bytes")]
+        assert client_bytes == [d["client_bytes"] for d in done]
+        assert sum(sent) == proxy.state.client_bytes_received  # what wsmode got on the socket
+        assert sent[2] < client_bytes[2]  # a continuation: only the new items went
+        assert await texts(chat, "tr.turn td.via") == ["full", "delta", "delta"]
+        assert await texts(chat, "tr.turn td.outcome") == ["completed"] * 3
+        saved = number((await texts(chat, ".total-saved"))[0])
+        assert saved == sum(client_bytes) - sum(sent)
+        await page.locator("#sidecar td.upstream-websockets", has_text="1").wait_for()
+        assert await page.locator("#connections").count() == 0  # the proxy's panels: not here
+        shown = await page.locator("body").inner_text()
+        assert not any(word in shown for word in WORDS)
         assert outside == []

@@ -1,10 +1,16 @@
-"""The reference HAProxy and nginx configs of deploy/, run for real in front of two wsmode
-replicas on 127.0.0.1: only their listen and server addresses are changed. WebSocket mode
-(the openai SDK), streamed HTTP, and a replica that drains, through each balancer."""
+"""The reference HAProxy, nginx and Caddy configs of deploy/, run for real in front of two
+wsmode replicas on 127.0.0.1: only their listen and server addresses are changed (and, for
+Caddy, its admin endpoint turned off and its state kept in the test's folder). WebSocket mode
+(the openai SDK), streamed HTTP, and a replica that drains, through each balancer (the drain
+through HAProxy and nginx, which retry a refused upgrade on the other replica).
+
+A balancer that is not installed is skipped, except in CI: .ci/run installs them and sets
+REQUIRE_DEPLOY_BALANCERS, and a missing one fails there."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 import subprocess
@@ -19,7 +25,7 @@ from wsmode.core.sse import SSEDecoder
 from wsmode.ops.middleware import OPS
 from yarl import URL
 
-from tests.support.deploy_files import HAPROXY_CFG, NGINX_CONF
+from tests.support.deploy_files import CADDYFILE, HAPROXY_CFG, NGINX_CONF
 from tests.support.helpers import (
     Proxy,
     Sim,
@@ -32,6 +38,7 @@ from tests.support.helpers import (
 )
 
 Replicas = list[Proxy]
+REQUIRE = "REQUIRE_DEPLOY_BALANCERS"  # CI: a balancer missing is a failure
 
 
 @pytest.fixture
@@ -59,14 +66,25 @@ def with_local_addresses(text: str, listen: str, servers: list[str], port: int) 
 
 
 @contextmanager
-def process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def process(
+    args: list[str], log: Path, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    if shutil.which(args[0]) is None:
+        pytest.fail(f"{args[0]} is missing and {REQUIRE} is set (.ci/run installs it)")
     with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
         try:
             yield proc
         finally:
             proc.terminate()
-            proc.wait(timeout=seconds(10))
+            try:
+                proc.wait(timeout=seconds(10))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise
 
 
 async def answering(base: str) -> bool:
@@ -111,18 +129,53 @@ async def nginx(replicas: Replicas, tmp_path: Path) -> AsyncIterator[str]:
         yield base
 
 
+def caddy_config(text: str, servers: list[str], port: int) -> str:
+    """The Caddyfile on 127.0.0.1: its site address on `port`, its upstreams the replicas,
+    no admin endpoint (its default port may be taken by another Caddy)"""
+    # and a stop that waits at most a second for the streams still open
+    text = text.replace(
+        "\tauto_https off\n", "\tauto_https off\n\tadmin off\n\tgrace_period 1s\n", 1
+    )
+    text, sites = re.subn(r"(?m)^:\d+ \{", f"http://127.0.0.1:{port} {{", text)
+    assert sites == 1, "the Caddyfile has one site"
+    text, proxies = re.subn(
+        r"(?m)^(\s*reverse_proxy)( \d+\.\d+\.\d+\.\d+:\d+)+ \{",
+        lambda m: f"{m.group(1)} {' '.join(servers)} {{",
+        text,
+    )
+    assert proxies == 1, "the Caddyfile has one reverse_proxy"
+    return text
+
+
+@asynccontextmanager
+async def caddy(replicas: Replicas, tmp_path: Path) -> AsyncIterator[str]:
+    port = free_port()
+    servers = [f"127.0.0.1:{r.served.port}" for r in replicas]
+    cfg = tmp_path / "Caddyfile"
+    cfg.write_text(caddy_config(CADDYFILE.read_text(), servers, port))
+    args = ["caddy", "run", "--config", str(cfg), "--adapter", "caddyfile"]
+    env = {"HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "data")}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+    with process(args, tmp_path / "caddy.log", env):
+        base = f"http://127.0.0.1:{port}"
+        await until(lambda: answering(base), ignore=(aiohttp.ClientConnectionError,))
+        yield base
+
+
+def installed(tool: str) -> pytest.MarkDecorator:
+    """Skip without `tool`, unless REQUIRE_DEPLOY_BALANCERS is set (CI): then the test runs
+    and `process` fails it."""
+    missing = shutil.which(tool) is None and not os.environ.get(REQUIRE)
+    return pytest.mark.skipif(missing, reason=f"{tool} is not installed (apt-get install {tool})")
+
+
 BALANCERS = [
-    pytest.param(
-        haproxy,
-        marks=pytest.mark.skipif(not shutil.which("haproxy"), reason="haproxy is not installed"),
-        id="haproxy",
-    ),
-    pytest.param(
-        nginx,
-        marks=pytest.mark.skipif(not shutil.which("nginx"), reason="nginx is not installed"),
-        id="nginx",
-    ),
+    pytest.param(haproxy, marks=installed("haproxy"), id="haproxy"),
+    pytest.param(nginx, marks=installed("nginx"), id="nginx"),
 ]
+# Caddy carries WebSocket mode and streams like the others; it does not retry a refused
+# upgrade (its active health check takes a draining replica out within `health_interval`)
+EVERY_BALANCER = [*BALANCERS, pytest.param(caddy, marks=installed("caddy"), id="caddy")]
 Balancer = Callable[[Replicas, Path], Any]
 
 
@@ -141,7 +194,7 @@ async def conversation(client: Any) -> str:
     return str(second.response.output_text)
 
 
-@pytest.mark.parametrize("balancer", BALANCERS)
+@pytest.mark.parametrize("balancer", EVERY_BALANCER)
 async def test_websocket_mode_through_the_balancer(
     balancer: Balancer,
     replicas: Replicas,
@@ -157,7 +210,7 @@ async def test_websocket_mode_through_the_balancer(
     assert sim.bodies()[-1]["input"][0]["content"] == "hello"
 
 
-@pytest.mark.parametrize("balancer", BALANCERS)
+@pytest.mark.parametrize("balancer", EVERY_BALANCER)
 async def test_streamed_http_through_the_balancer(
     balancer: Balancer, replicas: Replicas, tmp_path: Path
 ) -> None:
@@ -179,7 +232,7 @@ async def test_streamed_http_through_the_balancer(
             assert r.status == 200
 
 
-@pytest.mark.parametrize("balancer", BALANCERS)
+@pytest.mark.parametrize("balancer", EVERY_BALANCER)
 async def test_events_pass_the_balancer_as_they_come(
     balancer: Balancer, replicas: Replicas, sim: Sim, tmp_path: Path
 ) -> None:

@@ -145,14 +145,15 @@ _REFERENCES = re.compile(r"""(?i)(?:src|href)\s*=\s*["']([^"']+)["']""")
 
 def test_the_static_files_reference_nothing_outside_the_proxy() -> None:
     files = sorted(STATIC.iterdir())
-    assert {f.name for f in files} == {"index.html", "console.js", "console.css"}
+    names = {f.name for f in files}
+    assert names == {"index.html", "sidecar.html", "console.js", "console.css"}
     for path in files:
         text = path.read_text(encoding="utf-8")
         assert _EXTERNAL.findall(text) == [], path.name
         assert "url(" not in text, path.name  # no CSS image or font fetched
-    html = (STATIC / "index.html").read_text(encoding="utf-8")
-    refs = _REFERENCES.findall(html)
-    assert sorted(refs) == ["/console/console.css", "/console/console.js", "data:,"]
+    for page in ("index.html", "sidecar.html"):  # the proxy's page, the sidecar's
+        refs = _REFERENCES.findall((STATIC / page).read_text(encoding="utf-8"))
+        assert sorted(refs) == ["/console/console.css", "/console/console.js", "data:,"], page
     script = (STATIC / "console.js").read_text(encoding="utf-8")
     assert "innerHTML" not in script and "eval(" not in script  # feed data is text, never HTML
     assert re.findall(r"fetch\(([^,)]+)", script) == ["FEED"]

@@ -261,6 +261,16 @@ function health(u) {
   return el("td", "not checked");
 }
 
+function renderSidecar(sc) {
+  const r = row([
+    el("td", sc.upstream, "id"),
+    el("td", sc.websocket_refused ? "refused: plain HTTP" : "on", "ws-mode"),
+    el("td", num(sc.upstream_websockets), "num upstream-websockets"),
+    el("td", num(sc.chains), "num chains"),
+  ]);
+  fill($("sidecar").tBodies[0], [r], 4, "");
+}
+
 function renderUpstreams(s) {
   const rows = s.upstreams.map((u) =>
     row([
@@ -330,9 +340,17 @@ function reusedIds(t) {
   return t.divergence ? `${text}, ${t.divergence}` : text;
 }
 
+// the sidecar's page (sidecar.html): what the client sent against the smaller message on
+// the socket; the proxy's: what went upstream against what the client sent
+function isSidecar() { return $("sidecar") !== null; }
+
+function savedBytes(client, upstream) {
+  return isSidecar() ? client - upstream : upstream - client;
+}
+
 function turnRow(t, index) {
   const first = t.first_event;
-  const saved = t.upstream_bytes - t.client_bytes;
+  const saved = savedBytes(t.client_bytes, t.upstream_bytes);
   const cells = [
     el("td", String(index + 1), "num"),
     el("td", t.response_id || "—", "id response-id"),
@@ -349,6 +367,7 @@ function turnRow(t, index) {
     el("td", cached(t), "num cached"),
     el("td", reusedIds(t), "num reused-ids"),
   ];
+  if (isSidecar()) cells.splice(2, 1, el("td", t.via || "—", "via"));
   if (view.showContent) {
     cells.push(el("td", t.input_text || "", "text input-text"));
     cells.push(el("td", t.output_text || "", "text output-text"));
@@ -364,7 +383,8 @@ const TURN_HEADS = ["turn", "response", "lane", "new items in", "output items", 
 
 function renderConversation(conv) {
   const box = el("div", null, "conversation");
-  const title = conv.source === "http" ? "HTTP" : `connection ${conv.source}`;
+  const title = conv.source === "http" || conv.source === "sidecar"
+    ? (conv.source === "http" ? "HTTP" : "sidecar") : `connection ${conv.source}`;
   const first = conv.turns[0].response_id;
   const what = first ? `conversation from ${first}` : "a turn that got no response";
   box.appendChild(el("h3", `${title}: ${what}` +
@@ -383,10 +403,11 @@ function renderConversation(conv) {
   summary.appendChild(el("span", " · sent upstream "));
   summary.appendChild(el("span", bytes(upstream), "total-upstream-bytes"));
   summary.appendChild(el("span", " · saved "));
-  summary.appendChild(el("span", bytes(Math.max(0, upstream - client)), "total-saved"));
+  summary.appendChild(el("span", bytes(Math.max(0, savedBytes(client, upstream))), "total-saved"));
   box.appendChild(summary);
   const table = document.createElement("table");
-  const heads = TURN_HEADS.concat(view.showContent ? ["input text", "output text"] : []);
+  const base = isSidecar() ? TURN_HEADS.map((h) => (h === "lane" ? "via" : h)) : TURN_HEADS;
+  const heads = base.concat(view.showContent ? ["input text", "output text"] : []);
   table.createTHead().appendChild(row(heads.map((h) => el("th", h))));
   const body = table.createTBody();
   conv.turns.forEach((t, i) => body.appendChild(turnRow(t, i)));
@@ -420,11 +441,14 @@ function renderErrors() {
 function render() {
   const s = view.snapshot;
   if (s) {
-    renderConnections(s);
-    renderUpstreams(s);
-    renderMemory(s);
+    // the sidecar's page has fewer panels, and its snapshot says what it shows
+    if (s.connections && $("connections")) renderConnections(s);
+    if (s.upstreams && $("upstreams")) renderUpstreams(s);
+    if (s.memory && $("memory")) renderMemory(s);
+    if (s.sidecar && $("sidecar")) renderSidecar(s.sidecar);
     const f = s.feed;
-    $("feed-info").textContent = `dialect ${s.dialect} · console pages ${f.pages} · ` +
+    const dialect = s.dialect ? `dialect ${s.dialect} · ` : "";
+    $("feed-info").textContent = `${dialect}console pages ${f.pages} · ` +
       `pages dropped for reading too slowly ${f.dropped} · events kept ${f.ring}/${f.ring_size}`;
   }
   renderConversations();
