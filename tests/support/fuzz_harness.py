@@ -97,6 +97,8 @@ class Stack:
         for loop, thread in ((self.loop, self.thread), (self.sim_loop, self.sim_thread)):
             loop.call_soon_threadsafe(loop.stop)
             thread.join(10)
+            if not thread.is_alive():  # stopped: close it, or its self-pipe outlives the test
+                loop.close()
 
 
 def _loop() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
