@@ -95,7 +95,7 @@ class UpstreamSettings:
     # ---- the token path, api = "tokens" (docs/tokens.md): engine, template, tool calls
     token_engine: str = "auto"  # or llamacpp, vllm, sglang; auto: from what the server says
     chat_template_file: str = ""  # the model's chat template; "": the server's (llama.cpp)
-    tool_format: str = "auto"  # hermes, mistral, llama3 or none; auto: from the template
+    tool_format: str = "auto"  # hermes, mistral, llama3, harmony or none; auto: the template's
     # ---- what is sent: the rebuilt request, or the upstream's own previous_response_id
     store: bool = False  # the `store` sent upstream on rebuilt requests
     native_previous_response_id: bool = False

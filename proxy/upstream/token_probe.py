@@ -24,12 +24,13 @@ from ..core import wire
 from ..core.errors import UpstreamError
 from ..core.tokens.dialect import TokenDialect, TokenSetup
 from ..core.tokens.engine import LlamaCppEngine, TokenEngine
-from ..core.tokens.formats import markers, parser_for
+from ..core.tokens.formats import closing, detect_format, markers, parser_for
 from ..core.tokens.sglang import SglangEngine
 from ..core.tokens.template import ChatTemplate, TemplateFailed
 from ..core.tokens.vllm import VllmEngine
 from ..core.urls import redact_url, server_root
 from .client import UpstreamClient, describe
+from .harmony_vocab import HarmonyUnavailable, harmony_encoding
 
 log = logging.getLogger("wsmode.upstream")
 
@@ -192,16 +193,23 @@ async def setup(client: UpstreamClient, settings: UpstreamSettings, base: str) -
     n_ctx = gen.get("n_ctx") if isinstance(gen, dict) else None
     model, vocab = await _served_model(client, base)
     tool_format = settings.tool_format
+    harmony = None
+    if tool_format == "harmony" or (tool_format == "auto" and detect_format(source) == "harmony"):
+        try:
+            harmony = await harmony_encoding()
+        except HarmonyUnavailable as exc:
+            raise NotReady(str(exc)) from None
     return TokenSetup(
         engine=engine,
         template=template,
-        parser=lambda: parser_for(tool_format, source),
+        parser=lambda: parser_for(tool_format, source, harmony=harmony),
         vocab_size=vocab,
         context_window=n_ctx if wire.is_int(n_ctx) else 0,
         model=model,
         turn_end=template.turn_end(),
         turn_marker=await _turn_marker(client, root, engine, template),
         tags=await _single_token_tags(client, root, engine, markers(tool_format, source)),
+        closing=closing(tool_format, source),
     )
 
 

@@ -443,7 +443,7 @@ HERMES_TEMPLATE = "{%- for m in messages %}...<tool_call>\n{{ tc | tojson }}\n</
 
 
 def test_tool_formats() -> None:
-    assert TOOL_FORMATS == ("auto", "hermes", "mistral", "llama3", "none")
+    assert TOOL_FORMATS == ("auto", "hermes", "mistral", "llama3", "harmony", "none")
 
 
 @pytest.mark.parametrize(
@@ -486,7 +486,7 @@ def test_parser_for_gives_a_new_parser_each_time_and_passes_starts_in_think(
     assert second.feed("a</think>b") == [ReasoningPiece("a"), ReasoningEnd(), TextPiece("b")]
 
 
-@pytest.mark.parametrize("bad", ["Mistral", "llama", "harmony", "llama3_json"])
+@pytest.mark.parametrize("bad", ["Mistral", "llama", "gpt-oss", "llama3_json"])
 def test_parser_for_names_the_choices_of_an_unknown_format(bad: str) -> None:
-    with pytest.raises(ValueError, match="auto, hermes, mistral, llama3, none"):
+    with pytest.raises(ValueError, match="auto, hermes, mistral, llama3, harmony, none"):
         parser_for(bad, "")

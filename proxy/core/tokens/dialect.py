@@ -45,6 +45,7 @@ from .chain import (
     split_at_turns,
 )
 from .engine import EngineUsage, Generated, Sampling, TokenEngine
+from .harmony import HarmonyParser
 from .parsers import (
     BrokenCall,
     CallPiece,
@@ -73,6 +74,9 @@ class TokenSetup:
     # the parser's tags that are one special token each, by id: written back into the text
     # when the server streams such a token without its text (`formats.markers`)
     tags: Mapping[int, str] = field(default_factory=dict)
+    # special tokens a generation may end with that end the model's turn themselves, so
+    # nothing need follow them in the history (harmony's `<|call|>`): `formats.closing`
+    closing: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +142,8 @@ class TokenStream(BuiltStream):
         super().__init__(request, patch, clock=clock, new_id=new_id)
         self._engine_stream = engine.stream()
         self._parser = parser
+        # the harmony parser reads the generated ids; the others read their text
+        self._id_parser = parser if isinstance(parser, HarmonyParser) else None
         self._names = names
         self._model = model
         self._tags = tags or {}
@@ -202,7 +208,10 @@ class TokenStream(BuiltStream):
             gen.text = tag + gen.text  # a tag the server streamed as an id without its text
         if gen.text:
             self.text.append(gen.text)
-            out += self._pieces(self._parser.feed(gen.text))
+            if self._id_parser is None:
+                out += self._pieces(self._parser.feed(gen.text))
+        if gen.ids and self._id_parser is not None:
+            out += self._pieces(self._id_parser.feed_ids(gen.ids))
         if gen.ids:
             self.ids.extend(gen.ids)
         if gen.logprobs:
@@ -349,7 +358,10 @@ class TokenDialect:
             plan = fresh(text, "parent_without_ids")
         else:
             turn = parent.tokens if parent is not None else None
-            plan = continue_from(turn, text, print_, setup.turn_end)
+            end = setup.turn_end
+            if turn is not None and setup.closing and turn.generated.text.endswith(setup.closing):
+                end = ""  # the model's own end of turn closed it (harmony's <|call|>)
+            plan = continue_from(turn, text, print_, end)
         sampling = _sampling(settings, extra, setup)
         prompt = TokenPrompt(
             setup.engine,

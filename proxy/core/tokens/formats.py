@@ -1,9 +1,12 @@
 """Which output parser a response gets: `upstream.tool_format` (docs/tokens.md "Parsing the
 output"), or the format its chat template writes when that is "auto". The parsers are in
-parsers.py (Hermes, none) and parsers_json.py (Mistral, Llama 3)."""
+parsers.py (Hermes, none), parsers_json.py (Mistral, Llama 3) and harmony.py (gpt-oss)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from .harmony import HARMONY_ENDS, HARMONY_TAGS, HarmonyParser
 from .parsers import (
     CALL_CLOSE,
     CALL_OPEN,
@@ -24,20 +27,29 @@ from .parsers_json import (
     MistralParser,
 )
 
-TOOL_FORMATS = ("auto", "hermes", "mistral", "llama3", "none")
+TOOL_FORMATS = ("auto", "hermes", "mistral", "llama3", "harmony", "none")
 
 
 def parser_for(
-    tool_format: str, template_source: str, *, starts_in_think: bool = False
+    tool_format: str,
+    template_source: str,
+    *,
+    starts_in_think: bool = False,
+    harmony: Any = None,
 ) -> OutputParser:
     """A new parser for one response. `tool_format` is one of `TOOL_FORMATS`; "auto" reads
     the chat template (its Jinja source), see `detect_format`. Think blocks are recognised
-    in every format (a model that never writes them loses nothing); `starts_in_think` as
-    for `HermesParser`."""
+    in every format but harmony (a model that never writes them loses nothing);
+    `starts_in_think` as for `HermesParser`. `harmony` is the loaded gpt-oss encoding the
+    harmony format needs (upstream/harmony_vocab.py)."""
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format must be one of {', '.join(TOOL_FORMATS)}: {tool_format!r}")
     if tool_format == "auto":
         tool_format = detect_format(template_source)
+    if tool_format == "harmony":
+        if harmony is None:
+            raise ValueError("the harmony format needs its encoding loaded")
+        return HarmonyParser(harmony)
     if tool_format == "hermes":
         return HermesParser(starts_in_think=starts_in_think)
     if tool_format == "mistral":
@@ -48,10 +60,13 @@ def parser_for(
 
 
 def detect_format(template_source: str) -> str:
-    """The tool format a chat template writes, tried in this order: "mistral" when it
-    mentions `[TOOL_CALLS]`; "llama3" when it mentions `<|python_tag|>`, or `"parameters"`
-    together with the `ipython` role (a Llama 3 template that never writes the tag); "hermes"
-    when it mentions `<tool_call>`; else "none"."""
+    """The tool format a chat template writes, tried in this order: "harmony" when it
+    mentions `<|channel|>` (gpt-oss); "mistral" when it mentions `[TOOL_CALLS]`; "llama3"
+    when it mentions `<|python_tag|>`, or `"parameters"` together with the `ipython` role (a
+    Llama 3 template that never writes the tag); "hermes" when it mentions `<tool_call>`;
+    else "none"."""
+    if "<|channel|>" in template_source:
+        return "harmony"
     if "[TOOL_CALLS]" in template_source:
         return "mistral"
     if "<|python_tag|>" in template_source or (
@@ -70,6 +85,8 @@ def markers(tool_format: str, template_source: str) -> tuple[str, ...]:
     if tool_format == "auto":
         tool_format = detect_format(template_source)
     think = (THINK_OPEN, THINK_CLOSE)
+    if tool_format == "harmony":
+        return HARMONY_TAGS
     if tool_format == "mistral":
         return (TOOL_CALLS, ARGS, CALL_ID, MISTRAL_THINK_OPEN, MISTRAL_THINK_CLOSE, *think)
     if tool_format == "llama3":
@@ -79,4 +96,14 @@ def markers(tool_format: str, template_source: str) -> tuple[str, ...]:
     return think
 
 
-__all__ = ["TOOL_FORMATS", "detect_format", "markers", "parser_for"]
+def closing(tool_format: str, template_source: str) -> tuple[str, ...]:
+    """The special tokens that end a model's turn inside its own generation (harmony's
+    `<|call|>`, `<|return|>`, `<|end|>`): a generation ending with one needs no turn end
+    after it in the history (chain.py `continue_from`). None for the other formats, whose
+    template writes the turn's end after the generation."""
+    if tool_format == "auto":
+        tool_format = detect_format(template_source)
+    return HARMONY_ENDS if tool_format == "harmony" else ()
+
+
+__all__ = ["TOOL_FORMATS", "closing", "detect_format", "markers", "parser_for"]

@@ -22,8 +22,8 @@ Formats provided:
 - `MistralParser` and `Llama3Parser` (parsers_json.py): calls that end where their JSON
   ends, with no closing tag: Mistral's `[TOOL_CALLS]` and Llama 3's bare JSON object.
 
-Not yet provided, and meant to fit the `OutputParser` protocol unchanged: gpt-oss's harmony
-channels (`openai-harmony` needs its vocabulary file downloaded at first use).
+- `HarmonyParser` (harmony.py): gpt-oss's channels, read from the generated ids by
+  `openai-harmony`, so it takes ids (`feed_ids`) where the others take text.
 
 A parser holds the state of one response: make a new one for each (`formats.parser_for` returns a
 new one on every call). `end()` is called once, when generation ends; the parser is then
