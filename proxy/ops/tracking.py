@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -128,14 +128,13 @@ class RunTracker:
         """A client message of `nbytes` arrived."""
         self.metrics.client_bytes.inc(nbytes)
 
-    def refusals(self, actions: Iterable[Action]) -> None:
+    def refusals(self, actions: Sequence[Action]) -> None:
         """The actions of one client message: when it created no run and ended none, its
         `error` events are refusals of the message itself (not valid JSON, an unknown type,
         an invalid create, steer or cancel), and the console lists them among its errors.
         (A run's failure is published once, when it finishes: `_failed`.)"""
         if self.console is None or not self.publish_refusals:
             return
-        actions = list(actions)
         if any(isinstance(a, (RunCreated, Finished)) for a in actions):
             return
         for action in actions:
