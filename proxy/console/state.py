@@ -8,15 +8,22 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.store import MemoryStore
+from ..ops.metrics import Metrics
 from ..ops.middleware import Ops
 from ..runtime import AppState
 from ..ws_front import ClientConnection
 
 
-def upstreams(state: AppState) -> list[dict[str, Any]]:
-    """The upstream replicas as /readyz shows them (upstream/pool.py `snapshot()`): name,
-    redacted url, healthy, ejected, in_flight, max_concurrency."""
-    return state.pool.snapshot()
+def upstreams(state: AppState, metrics: Metrics) -> list[dict[str, Any]]:
+    """The upstream replicas as /readyz shows them (upstream/pool.py `snapshot()`: name,
+    redacted url, healthy, ejected, in_flight, max_concurrency), with the prompt tokens of
+    the turns each has served so far and those it reported cached. The page keeps these
+    samples, one per snapshot, for its charts of the last minutes (docs/console.md)."""
+    tokens = metrics.replica_tokens()
+    shown = state.pool.snapshot()
+    for replica in shown:
+        replica["prompt_tokens"], replica["cached_tokens"] = tokens.get(replica["name"], (0, 0))
+    return shown
 
 
 # WebSocket connections a snapshot lists, newest first; the others are only counted. A
@@ -94,7 +101,7 @@ def snapshot(state: AppState, ops: Ops) -> dict[str, Any]:
         "connections": connections(ops),
         "connections_open": ops.ws_open,  # all of them, listed or not
         "http_in_flight": max(0, ops.http_inflight - len(console.subscribers)),  # feeds aside
-        "upstreams": upstreams(state),
+        "upstreams": upstreams(state, ops.metrics),
         "dialect": state.policy.dialect.name,
         "memory": memory(state),
         "errors": list(console.errors),

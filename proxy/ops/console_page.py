@@ -2,7 +2,7 @@
 proxy/console/routes.py; the sidecar's, proxy/sidecar/console.py): the routes, the policy
 of when it is on, and the feed's writer. What a snapshot holds is the server's own.
 
-The page, its script and its style sheet are files of the console package
+The page, its scripts and its style sheet are files of the console package
 (proxy/console/static/; the sidecar has a page of its own there), read once
 when the app is built and served from memory; they load nothing else (their
 Content-Security-Policy says so to the browser too). They hold no data, so they are served
@@ -53,6 +53,7 @@ FEED = "/console/feed"
 # path -> (file in static/, content type)
 FILES = {
     PAGE: ("index.html", "text/html; charset=utf-8"),
+    "/console/charts.js": ("charts.js", "text/javascript; charset=utf-8"),
     "/console/console.js": ("console.js", "text/javascript; charset=utf-8"),
     "/console/console.css": ("console.css", "text/css; charset=utf-8"),
 }
@@ -106,7 +107,7 @@ def check_auth(settings: Settings, host: str, has_auth: bool) -> None:
 
 
 def add_routes(app: web.Application, served: Served, page: str = "index.html") -> list[str]:
-    """The page (`page`, a file of static/), its script and style sheet, and the feed; the
+    """The page (`page`, a file of static/), its scripts and style sheet, and the feed; the
     paths that need no auth (the page's files, which hold no data) are returned."""
     app[SERVED] = served
     # the files are data of the console package (proxy/console/static/), read, not imported

@@ -264,6 +264,21 @@ class Metrics:
             child = self._children[key] = family.labels(*values)
         return cast(_Family, child)
 
+    def replica_tokens(self) -> dict[str, tuple[int, int]]:
+        """Each replica's prompt and cached tokens of finished turns so far, from
+        `wsmode_upstream_replica_tokens` (read by the console's snapshot, once per interval:
+        a walk over two counters per replica)."""
+        out: dict[str, tuple[int, int]] = {}
+        for family in self.upstream_tokens.collect():
+            for s in family.samples:
+                if not s.name.endswith("_total"):
+                    continue  # the `_created` timestamps
+                name, kind = s.labels["upstream"], s.labels["kind"]
+                prompt, cached = out.get(name, (0, 0))
+                value = int(s.value)
+                out[name] = (prompt, value) if kind == "cached" else (value, cached)
+        return out
+
     def add_state(self, read: Callable[[], Iterable[Metric]]) -> None:
         """Register a function read at scrape time that yields metric families."""
         self._gauges.append(read)

@@ -93,6 +93,27 @@ class RunTrace:
         self.metrics.upstream_errors.labels(error_kind(err)).inc()
 
 
+def first_event(trace: RunTrace, now: float) -> dict[str, float]:
+    """A turn's time to first event (the client's create arrived -> the upstream's first
+    event handed to the client's writer) in its parts (docs/console.md "The charts"): wsmode's
+    before the request (`proxy_request`: reading the turn, any moderation, tokenizing or
+    compaction, the wait for an upstream slot), the model server's (`upstream`: the request
+    sent -> its first bytes back), wsmode's relaying that event (`proxy_relay`); `proxy` is
+    wsmode's two parts together. Read from the clocks the run already keeps."""
+    assert trace.upstream_start is not None and trace.first_sent is not None
+    first = trace.upstream_first or now
+    request = max(0.0, trace.upstream_start - trace.received)
+    relay = max(0.0, trace.first_sent - first)
+    upstream = first - trace.upstream_start
+    return {
+        "total": trace.first_sent - trace.received,
+        "upstream": upstream,
+        "proxy": request + relay,
+        "proxy_request": request,
+        "proxy_relay": relay,
+    }
+
+
 class RunTracker:
     def __init__(
         self,
@@ -308,13 +329,7 @@ class RunTracker:
             event["ids_reused"] = action.tokens.reused
             event["divergence"] = action.tokens.divergence
         if trace is not None and trace.upstream_start is not None and trace.first_sent:
-            total = trace.first_sent - trace.received
-            upstream = (trace.upstream_first or now) - trace.upstream_start
-            event["first_event"] = {
-                "total": total,
-                "upstream": upstream,
-                "proxy": max(0.0, total - upstream),
-            }
+            event["first_event"] = first_event(trace, now)
         if self.console.show_content:
             event["input_text"] = input_texts(created.input) if created else ""
             event["output_text"] = output_texts(action.response)

@@ -94,7 +94,14 @@ async def test_the_feed_shows_each_turn_with_its_bytes_and_no_payload_text(
         first = t["first_event"]
         assert first["upstream"] > 0 and first["proxy"] > 0
         assert first["proxy"] + first["upstream"] == pytest.approx(first["total"])
+        # wsmode's part: before the request went out, and relaying the first event
+        assert first["proxy_request"] + first["proxy_relay"] == pytest.approx(first["proxy"])
         assert first["total"] <= t["duration"]
+    # the snapshot's replica: the running totals of its prompt and cached tokens (the page's
+    # samples for its charts of the replicas)
+    [replica] = next(e for e in events if e["type"] == "state")["upstreams"]
+    assert replica["prompt_tokens"] == sum(t["input_tokens"] for t in shown) > 0
+    assert replica["cached_tokens"] == 0
     raw = orjson.dumps(events).decode()
     assert not any(word in raw for word in SECRET_WORDS)
     assert "input_text" not in raw and "output_text" not in raw

@@ -221,9 +221,9 @@ async def sdk_terminal(conn: Any, timeout: float = 10) -> Any:
     return await asyncio.wait_for(loop(), seconds(timeout))
 
 
-async def sdk_chain(conn: Any, words: tuple[str, ...]) -> list[Any]:
-    """On an openai SDK connection, one turn per word, each continuing the last; every turn
-    must complete. The response objects, in order."""
+async def sdk_chain(conn: Any, words: tuple[str, ...], **fields: Any) -> list[Any]:
+    """On an openai SDK connection, one turn per word, each continuing the last (`fields`
+    added to every create); every turn must complete. The response objects, in order."""
     done: list[Any] = []
     previous = None
     for word in words:
@@ -231,6 +231,7 @@ async def sdk_chain(conn: Any, words: tuple[str, ...]) -> list[Any]:
             model="sim",
             input=[{"role": "user", "content": f"please remember {word}"}],
             previous_response_id=previous,
+            **fields,
         )
         ev = await sdk_terminal(conn)
         assert ev.type == "response.completed", ev
@@ -260,9 +261,11 @@ async def post_responses(
 Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-async def scrape(proxy: Proxy) -> Metrics:
-    """Every sample on /metrics, keyed by (name, sorted labels)."""
-    async with aiohttp.ClientSession() as http, http.get(f"{proxy.served.base}/metrics") as r:
+async def scrape(proxy: Proxy | str) -> Metrics:
+    """Every sample on /metrics (of `proxy`, or of the server at the base URL `proxy`),
+    keyed by (name, sorted labels)."""
+    base = proxy if isinstance(proxy, str) else proxy.served.base
+    async with aiohttp.ClientSession() as http, http.get(f"{base}/metrics") as r:
         assert r.status == 200
         assert r.headers["Content-Type"].startswith("text/plain")
         text = await r.text()

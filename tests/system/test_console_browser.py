@@ -10,23 +10,18 @@ connection, the upstream, the memory parts and recent errors with their codes; n
 text unless `console.show_content`; with proxy auth it asks for the key and reads the feed
 with it. Every request the browser makes is checked to stay on the proxy's origin.
 
-`WSMODE_UPDATE_SCREENSHOT=1` also writes the first test's page to docs/console.png (the
-README's screenshot).
+The charts, and the README's screenshot (`WSMODE_UPDATE_SCREENSHOT=1`), are
+tests/system/test_console_charts.py.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import pytest
 from openai import AsyncOpenAI
-from playwright.async_api import Locator, Page, Route, async_playwright
 
+from tests.support.console_browser import attributes, browser, number, svg_texts, texts
 from tests.support.console_feed import short
 from tests.support.helpers import (
     Proxy,
@@ -36,70 +31,10 @@ from tests.support.helpers import (
     scrape,
     sdk_chain,
     sdk_terminal,
-    seconds,
 )
 from tests.support.sidecar_turns import conversation as http_conversation
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-DOCS = Path(__file__).resolve().parents[2] / "docs"
 WORDS = ("zebra-quartz", "mango-lantern", "violet-anchor")
-
-
-@asynccontextmanager
-async def browser(profile: Path, origin: str) -> AsyncIterator[tuple[Page, list[str]]]:
-    """A page of a fresh headless Chromium (its own new profile folder), and the list of
-    requests it tried to make outside `origin` (aborted)."""
-    if shutil.which(CHROMIUM) is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} is missing (.ci/run installs Debian's chromium)")
-        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
-    outside: list[str] = []
-
-    async def only_the_proxy(route: Route) -> None:
-        url = route.request.url
-        if url.startswith(origin + "/") or url.startswith("data:"):
-            await route.continue_()
-        else:
-            outside.append(url)
-            await route.abort()
-
-    async with async_playwright() as pw:
-        context = await pw.chromium.launch_persistent_context(
-            str(profile),
-            executable_path=CHROMIUM,
-            headless=True,
-            args=FLAGS,
-            viewport={"width": 1440, "height": 900},
-            timeout=seconds(60) * 1000,  # a loaded machine starts a browser slowly
-        )
-        try:
-            await context.route("**/*", only_the_proxy)
-            page = context.pages[0] if context.pages else await context.new_page()
-            page.set_default_timeout(seconds(10) * 1000)
-            yield page, outside
-        finally:
-            await context.close()
-
-
-def number(text: str) -> int:
-    """`1,234 B` as shown -> 1234."""
-    match = re.fullmatch(r"([\d,]+) B", text.strip())
-    assert match, text
-    return int(match.group(1).replace(",", ""))
-
-
-async def texts(where: Page | Locator, selector: str) -> list[str]:
-    return [t.strip() for t in await where.locator(selector).all_inner_texts()]
 
 
 async def test_the_page_shows_the_turns_their_bytes_and_no_payload_text(
@@ -119,9 +54,6 @@ async def test_the_page_shows_the_turns_their_bytes_and_no_payload_text(
             await page.locator("tr.turn").nth(3).wait_for()
             conn_id = (await page.locator("#connections td.id").first.inner_text()).strip()
             assert conn_id.startswith("conn_")
-            if os.environ.get("WSMODE_UPDATE_SCREENSHOT"):  # the README's picture
-                await page.locator("#errors td.error-code").first.wait_for()
-                await page.screenshot(path=str(DOCS / "console.png"), full_page=True)
         # ids shortened (whole only with console.show_content): they still link the turns
         chat = page.locator(".conversation", has_text=short(done[0].id))
         assert await texts(chat, "tr.turn td.response-id") == [short(r.id) for r in done]
@@ -237,6 +169,14 @@ async def test_the_sidecars_page_shows_its_turns_and_the_bytes_on_its_websocket(
         assert await texts(chat, "tr.turn td.outcome") == ["completed"] * 3
         saved = number((await texts(chat, ".total-saved"))[0])
         assert saved == sum(client_bytes) - sum(sent)
+        # its chart: the same bytes, the saving so far; no time to first event (none known)
+        bars = chat.locator("svg.bytes-chart")
+        assert await attributes(bars, "rect.bar.client", "data-value") == [
+            str(n) for n in client_bytes
+        ]
+        assert await attributes(bars, "rect.bar.upstream", "data-value") == [str(n) for n in sent]
+        assert await svg_texts(bars, "text.saved-label") == [f"saved so far {saved:,} B"]
+        assert await chat.locator("svg.ttfe-chart").count() == 0
         await page.locator("#sidecar td.upstream-websockets", has_text="1").wait_for()
         assert await page.locator("#connections").count() == 0  # the proxy's panels: not here
         shown = await page.locator("body").inner_text()

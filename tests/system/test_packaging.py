@@ -122,7 +122,7 @@ def test_the_console_page_is_in_the_wheel(names: list[str]) -> None:
     """The console's static files are package data (pyproject's package-data), not modules:
     without that entry the wheel would serve a console with no page."""
     static = sorted(p.name for p in (SOURCE / "console" / "static").iterdir())
-    assert static == ["console.css", "console.js", "index.html", "sidecar.html"]
+    assert static == ["charts.js", "console.css", "console.js", "index.html", "sidecar.html"]
     assert [n for n in static if f"wsmode/console/static/{n}" not in set(names)] == []
 
 

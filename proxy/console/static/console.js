@@ -1,6 +1,7 @@
 // wsmode console: reads /console/feed (Server-Sent Events over fetch, so that the proxy's
-// key can go in an Authorization header) and renders what it says. Everything shown is set
-// with textContent: nothing from the feed is ever parsed as HTML.
+// key can go in an Authorization header) and renders what it says, its charts drawn by
+// charts.js. Everything shown is set with textContent: nothing from the feed is ever parsed
+// as HTML.
 "use strict";
 
 const FEED = "/console/feed";
@@ -15,6 +16,9 @@ const view = {
   conversations: new Map(), // key -> {key, source, continues, turns: []}
   convOf: new Map(), // response id -> conversation key
   turns: 0,
+  // the replicas' samples, one per snapshot, for their charts (charts.js): kept by the page
+  // across reconnects, the last five minutes of them
+  samples: [],
 };
 
 let retryDelay = 1000;
@@ -134,6 +138,7 @@ function handle(ev) {
     case "state":
       view.snapshot = ev;
       view.errorsSince = [];
+      addSample(view.samples, ev);
       break;
     case "turn":
       addTurn(ev);
@@ -405,6 +410,7 @@ function renderConversation(conv) {
   summary.appendChild(el("span", " · saved "));
   summary.appendChild(el("span", bytes(Math.max(0, savedBytes(client, upstream))), "total-saved"));
   box.appendChild(summary);
+  box.appendChild(conversationCharts(conv.turns, savedBytes, { bytes, size, ms }));
   const table = document.createElement("table");
   const base = isSidecar() ? TURN_HEADS.map((h) => (h === "lane" ? "via" : h)) : TURN_HEADS;
   const heads = base.concat(view.showContent ? ["input text", "output text"] : []);
@@ -444,6 +450,9 @@ function render() {
     // the sidecar's page has fewer panels, and its snapshot says what it shows
     if (s.connections && $("connections")) renderConnections(s);
     if (s.upstreams && $("upstreams")) renderUpstreams(s);
+    if ($("replica-charts")) {
+      $("replica-charts").replaceChildren(replicaCharts(view.samples, num, share));
+    }
     if (s.memory && $("memory")) renderMemory(s);
     if (s.sidecar && $("sidecar")) renderSidecar(s.sidecar);
     const f = s.feed;
