@@ -39,7 +39,7 @@ from .upstream.client import UpstreamClient
 from .upstream.moderation import Moderator
 from .upstream.pool import UpstreamPool
 from .upstream.probe import PROBE_TIMEOUT, probe
-from .upstream.token_probe import prepare
+from .upstream.token_replicas import TokenReadiness
 from .upstream.tokenizer import TokenizeWorker, tokenize_url
 from .ws_front import ClientConnection
 
@@ -108,7 +108,11 @@ def _token_engine(state: AppState) -> dict[str, Any]:
     setup = dialect.setup
     if setup is None:
         return {"token_engine": None, "token_engine_problem": dialect.not_ready}
-    return {"token_engine": setup.engine.name, "chat_template": setup.template.name}
+    return {
+        "token_engine": setup.engine.name,
+        "chat_template": setup.template.name,
+        "tokenizer": setup.tokenizer,  # its digest (core/tokens/identity.py)
+    }
 
 
 def _not_ready(state: AppState, store: dict[str, Any] | None) -> list[str]:
@@ -233,13 +237,16 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     if isinstance(state.policy.dialect, AutoDialect):
         await probe(state.upstream, state.policy.dialect, [r.url for r in state.pool.replicas])
     tokens: asyncio.Task[None] | None = None
-    if isinstance(state.policy.dialect, TokenDialect):  # ready once the engine answers
-        first = state.pool.replicas[0].url
-        tokens = asyncio.create_task(
-            prepare(state.upstream, state.settings.upstream, state.policy.dialect, first),
-            name="wsmode-token-probe",
+    if isinstance(state.policy.dialect, TokenDialect):  # ready once the replicas answer
+        readiness = TokenReadiness(
+            state.upstream, state.settings.upstream, state.policy.dialect, state.pool
         )
-        await asyncio.wait({tokens}, timeout=PROBE_TIMEOUT)
+        state.pool.on_restart = readiness.restarted
+        tokens = asyncio.create_task(readiness.run(), name="wsmode-token-probe")
+        settled = asyncio.ensure_future(readiness.settled.wait())
+        first = asyncio.FIRST_COMPLETED  # the first round of probes, or a bug in them
+        await asyncio.wait({tokens, settled}, timeout=PROBE_TIMEOUT, return_when=first)
+        settled.cancel()
     shown = ", ".join(r.shown for r in state.pool.replicas)
     for replica in state.pool.replicas:
         if (no_v1 := missing_v1(replica.url)) is not None:

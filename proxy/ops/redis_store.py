@@ -58,6 +58,7 @@ from ..core import wire
 from ..core.conversation import CachedResponse, Segment, holds_compaction, linked
 from ..core.store import StoredResponse, StoreUnavailable, WriteResult
 from ..core.tokens.chain import TokenTurn, turn_of, turn_record
+from ..core.tokens.identity import out_of_vocab, vocab_of
 from .metrics import Metrics
 
 log = logging.getLogger("wsmode.store")
@@ -174,6 +175,16 @@ def _token_record(turn: TokenTurn, base: TokenTurn | None) -> dict[str, Any]:
     return {"c": at is not None, "t": turns}
 
 
+def _foreign_id(rec: dict[str, Any]) -> int | None:
+    """An id of a stored token turn that the vocabulary its fingerprint records does not
+    have (ids enter wsmode from outside here too: the store is shared)."""
+    vocab = vocab_of(rec["f"])
+    for ids in (*(ids for _, ids in rec["p"]), rec["gi"]):
+        if (bad := out_of_vocab(ids, vocab)) is not None:
+            return bad
+    return None
+
+
 def decode(rid: str, reply: Sequence[bytes]) -> StoredResponse | None:
     """The stored response `_READ` returned (`reply`: the response object, then segment and
     meta from the response itself back to its chain's start); None for an empty reply."""
@@ -183,14 +194,25 @@ def decode(rid: str, reply: Sequence[bytes]) -> StoredResponse | None:
     segments: list[Segment] = []
     calls = Map[str, bool]().mutate()
     tokens: TokenTurn | None = None
+    untrusted = False  # a record of the token chain held ids outside its vocabulary
     for raw, meta in reversed(links):  # oldest first
         tok = meta.get("tok")
-        if isinstance(tok, dict):
+        if isinstance(tok, dict) and not (untrusted and tok.get("c")):
             base = tokens if tok.get("c") else None
+            untrusted = False
             for rec in tok.get("t", ()):
+                if (bad := _foreign_id(rec)) is not None:
+                    log.warning(
+                        "stored response %s holds token id %s, outside the vocabulary its "
+                        "fingerprint records: its ids are not used",
+                        rid,
+                        bad,
+                    )
+                    untrusted = True
+                    break
                 base = turn_of(rec, base)
-            tokens = base
-        else:  # a response made on another path: no ids
+            tokens = None if untrusted else base
+        else:  # a response made on another path (or on untrusted ids): no ids
             tokens = None
         items, at = [], 0
         for n in meta["lens"]:

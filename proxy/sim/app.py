@@ -55,9 +55,8 @@ from .settings import SimSettings
 # it stays importable from here, where the tests and the fuzz harness take it.
 from .state import SIM_STATE as SIM_STATE
 from .state import SimState as SimState
-from .token_apis import add_vllm_sglang_routes
+from .token_apis import add_vllm_sglang_routes, model_card
 from .tokens import add_llamacpp_routes
-from .vocab import VOCAB_SIZE
 
 _DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
 # With tokens_per_second = 0 the stream is written as fast as possible: events are joined into
@@ -272,20 +271,8 @@ def _cache_stats(cache: PrefixCache | None) -> dict[str, Any]:
 
 
 async def _models(request: web.Request) -> web.Response:
-    return web.json_response(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": "sim",
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "wsmode",
-                    "meta": {"n_vocab": VOCAB_SIZE},  # where llama.cpp reports it
-                }
-            ],
-        }
-    )
+    cfg = request.app[SIM_STATE].settings
+    return web.json_response({"object": "list", "data": [model_card(cfg)]})
 
 
 @web.middleware
@@ -304,13 +291,15 @@ def create_sim_app(
 ) -> web.Application:
     """`responses=False` leaves out POST /v1/responses: a Chat-only server."""
     app = web.Application(client_max_size=1024**3, middlewares=[_record_headers])
-    app[SIM_STATE] = SimState(settings or SimSettings())
+    cfg = settings or SimSettings()
+    app[SIM_STATE] = SimState(cfg)
     if responses:
         app.router.add_post("/v1/responses", _responses)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_get("/v1/models", _models)
-    add_llamacpp_routes(app)  # and the shared /tokenize, /detokenize (sim/tokens.py)
-    add_vllm_sglang_routes(app)
+    # the shared /tokenize and /detokenize, and each token server's routes (`token_server`)
+    add_llamacpp_routes(app, llamacpp=cfg.token_server in ("all", "llamacpp"))
+    add_vllm_sglang_routes(app, cfg)
     app.router.add_post("/v1/moderations", _moderations)
     app.router.add_post("/sim/faults", _faults)
     app.router.add_get("/sim/stats", _stats)

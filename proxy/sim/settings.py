@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+TOKEN_SERVERS = ("all", "llamacpp", "vllm", "sglang")
+TOKENIZERS = ("pairs", "chars")
+
 
 @dataclass(frozen=True, slots=True)
 class SimSettings:
@@ -29,8 +32,22 @@ class SimSettings:
     # SGLang's `--incremental-streaming-output`: streamed text and ids are deltas, not the
     # whole output so far
     sglang_incremental_output: bool = False
+    # whose token routes it answers (sim/token_apis.py): "all" (every engine's, llama.cpp's
+    # `/props` among them, so `token_engine = "auto"` finds llama.cpp), or only those of
+    # "llamacpp", "vllm" or "sglang", with that server's `/v1/models`
+    token_server: str = "all"
+    vllm_scale_out: bool = True  # vLLM's `--enable-scale-out`: False, no /inference/v1/generate
+    # vLLM's `output_mode`: False, a vLLM that predates it (ids only, nothing echoed)
+    vllm_output_mode: bool = True
+    # its tokenizer (sim/vocab.py): "pairs" (two ASCII characters a token) or "chars" (one
+    # character a token), the same vocabulary tokenised otherwise: another model's tokenizer
+    tokenizer: str = "pairs"
 
     def __post_init__(self) -> None:
+        if self.token_server not in TOKEN_SERVERS:
+            raise ValueError(f"sim.token_server must be one of {', '.join(TOKEN_SERVERS)}")
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"sim.tokenizer must be one of {', '.join(TOKENIZERS)}")
         if self.prefill_tokens_per_second < 0 or self.prefix_cache_tokens < 0:
             raise ValueError(
                 "sim.prefill_tokens_per_second and sim.prefix_cache_tokens must not be negative"

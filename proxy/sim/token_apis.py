@@ -4,7 +4,8 @@ and the slot cache are sim/tokens.py's; the tokenize endpoint is shared with lla
 
 vLLM, `POST /inference/v1/generate`: `token_ids`, `sampling_params` (`max_tokens`, `stop`,
 `logprobs`), `model` (must be "sim" when given), `stream`, `stream_options.include_usage`,
-`output_mode` ("tokens" or "text", echoed on every answer). Streamed: one chunk per token
+`output_mode` ("tokens" or "text", echoed on every answer; ignored, and not echoed, with
+`vllm_output_mode` off, as a vLLM that predates it). Streamed: one chunk per token
 with its id (and its text in "text" mode), the finish on the last one (a chunk with no ids
 when nothing was generated), a usage chunk with no choices when asked for, then
 `data: [DONE]`. The cached tokens are reported (`prompt_tokens_details.cached_tokens`, as
@@ -19,6 +20,14 @@ SGLang, `POST /generate`: `input_ids` (or `text`, tokenised with `<bos>` first),
 `--incremental-streaming-output`) makes them deltas; the last carries `finish_reason`;
 then `data: [DONE]`. `GET /get_model_info` and `GET /get_server_info` answer a few of the
 real fields.
+
+`token_server` makes the sim one of the three servers only, answering only the routes that
+server has: vLLM (vllm/entrypoints/openai/api_server.py, serve/disagg/api_router.py) has
+`/version`, `/tokenize`, `/detokenize` and, with `--enable-scale-out` (`vllm_scale_out`),
+`/inference/v1/generate`, and no `/props` or `/get_model_info`; SGLang
+(python/sglang/srt/entrypoints/http_server.py) has `/generate`, `/get_model_info`,
+`/get_server_info`, `/tokenize`, `/detokenize`, and no `/props` or `/version`; llama.cpp
+has its own (sim/tokens.py). Their OpenAI routes (`/v1/...`) stay.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from aiohttp import web
 from ..core import wire
 from . import vocab
 from .http import read_request
+from .settings import SimSettings
 from .state import SIM_STATE
 from .tokens import MODEL, Generation, encode, generate, pace, sse_response
 
@@ -81,7 +91,7 @@ async def _vllm_generate(request: web.Request) -> web.StreamResponse:
         return _vllm_error(400, "sampling_params is required")
     if model is not None and model != MODEL:
         return _vllm_error(404, f"The model `{model}` does not exist.", "NotFoundError")
-    mode = body.get("output_mode")
+    mode = body.get("output_mode") if cfg.vllm_output_mode else None  # older: ignored
     if mode not in (None, "tokens", "text"):
         return _vllm_error(400, f"unsupported output_mode {mode!r}")
     if (bad := vocab.out_of_range(ids)) is not None:
@@ -245,9 +255,32 @@ async def _server_info(request: web.Request) -> web.Response:
     )
 
 
-def add_vllm_sglang_routes(app: web.Application) -> None:
-    app.router.add_post("/inference/v1/generate", _vllm_generate)
-    app.router.add_get("/version", _vllm_version)
-    app.router.add_post("/generate", _sglang_generate)
-    app.router.add_get("/get_model_info", _model_info)
-    app.router.add_get("/get_server_info", _server_info)
+def add_vllm_sglang_routes(app: web.Application, cfg: SimSettings) -> None:
+    """vLLM's routes (its generate endpoint only with `vllm_scale_out`) and SGLang's, as
+    `token_server` says."""
+    if cfg.token_server in ("all", "vllm"):
+        if cfg.vllm_scale_out:
+            app.router.add_post("/inference/v1/generate", _vllm_generate)
+        app.router.add_get("/version", _vllm_version)
+    if cfg.token_server in ("all", "sglang"):
+        app.router.add_post("/generate", _sglang_generate)
+        app.router.add_get("/get_model_info", _model_info)
+        app.router.add_get("/get_server_info", _server_info)
+
+
+def model_card(cfg: SimSettings) -> dict[str, Any]:
+    """The model in `GET /v1/models`, as the server `token_server` names lists it: llama.cpp
+    (and "all") with its vocabulary in `meta.n_vocab`; vLLM
+    (`ModelCard` in vllm/entrypoints/openai/protocol.py) and SGLang (http_server.py
+    `available_models`) with `root` and `max_model_len` and no vocabulary."""
+    card: dict[str, Any] = {"id": MODEL, "object": "model", "created": 0}
+    if cfg.token_server in ("all", "llamacpp"):
+        return card | {"owned_by": "wsmode", "meta": {"n_vocab": vocab.VOCAB_SIZE}}
+    card |= {"owned_by": cfg.token_server, "root": MODEL, "max_model_len": _context(cfg)}
+    if cfg.token_server == "vllm":
+        card |= {"parent": None, "permission": []}
+    return card
+
+
+def _context(cfg: SimSettings) -> int:
+    return cfg.context_window or 32768

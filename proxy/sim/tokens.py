@@ -19,10 +19,12 @@ llama.cpp (llama-server, `tools/server/README.md`), in the shapes a real one ans
 
 The generated text is the sim's usual (sim/model.py `plan`, from the decoded prompt),
 tokenised with the vocabulary; a stop string cuts it ("word"), the token limit cuts the ids
-("limit"). A prompt cache per slot (`id_slot`, -1 is slot 0) remembers the last prompt and
-the ids generated after it, but the last (sampled, never evaluated), as llama.cpp's slot
-does: a prompt's cached tokens are its longest common prefix with them, never the whole
-prompt (the last prompt token is always evaluated).
+("limit"). A prompt that ends inside an open `<think>` (a thinking template's generation
+prompt) gets its first half as reasoning, then `</think>`, a blank line and the rest, as a
+thinking model writes. A prompt cache per slot (`id_slot`, -1 is slot 0) remembers the last
+prompt and the ids generated after it, but the last (sampled, never evaluated), as
+llama.cpp's slot does: a prompt's cached tokens are its longest common prefix with them,
+never the whole prompt (the last prompt token is always evaluated).
 
 `tokenize_us_per_token` burns CPU per token wherever the sim tokenises text.
 """
@@ -49,6 +51,7 @@ from .state import SIM_STATE, SimState
 
 TEMPLATE_PATH = Path(__file__).with_name("turns-with-tools.jinja")
 MODEL = "sim"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 # ------------------------------------------------------------------------------ shared
 
 
@@ -75,7 +78,8 @@ def render(messages: list[Any], tools: list[Any] | None, *, add_generation_promp
 def encode(state: SimState, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
     """The vocabulary's ids, paying the configured tokenising cost (counted in the state)."""
     t0 = time.perf_counter_ns()
-    ids = vocab.encode(text, add_special=add_special, parse_special=parse_special)
+    pairs = state.settings.tokenizer == "pairs"
+    ids = vocab.encode(text, add_special=add_special, parse_special=parse_special, pairs=pairs)
     vocab.burn(state.settings.tokenize_us_per_token, len(ids))
     state.tokenized(len(ids), time.perf_counter_ns() - t0)
     return ids
@@ -110,18 +114,18 @@ def generate(
     """What the model says after `prompt` (ids inside the vocabulary), and the slot's cache
     updated with it."""
     cfg = state.settings
-    p = plan(
-        {"input": vocab.decode(prompt)},
-        seed=cfg.seed,
-        output_tokens=cfg.output_tokens,
-        tool_calls_per_turn=0,
-    )
+    said = vocab.decode(prompt)
+    p = plan({"input": said}, seed=cfg.seed, output_tokens=cfg.output_tokens, tool_calls_per_turn=0)
     text, reason, word = "".join(p.tokens), "eos", ""
+    if said.rfind(THINK_OPEN) > said.rfind(THINK_CLOSE):  # the prompt opened a think block
+        words = text.split(" ")
+        half = max(1, len(words) // 2)
+        text = " ".join(words[:half]) + f"\n{THINK_CLOSE}\n\n" + " ".join(words[half:])
     cuts = [(text.find(s), s) for s in stop if s and s in text]
     if cuts:
         at, word = min(cuts)
         text, reason = text[:at], "word"
-    ids = vocab.encode(text, parse_special=False)
+    ids = vocab.encode(text, parse_special=False, pairs=cfg.tokenizer == "pairs")
     if limit is not None and 0 <= limit < len(ids):
         ids, reason, word = ids[:limit], "limit", ""
     key = max(slot, 0)
@@ -354,11 +358,12 @@ def _final(
     }
 
 
-def add_llamacpp_routes(app: web.Application) -> None:
-    """llama.cpp's endpoints; `/tokenize` and `/detokenize` also answer vLLM's and SGLang's
-    shapes (their paths are the same)."""
-    app.router.add_get("/props", _props)
-    app.router.add_post("/apply-template", _apply_template)
+def add_llamacpp_routes(app: web.Application, *, llamacpp: bool = True) -> None:
+    """`/tokenize` and `/detokenize`, which answer the shapes of all three servers (their
+    paths are the same), and with `llamacpp` llama.cpp's own endpoints."""
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/detokenize", _detokenize)
-    app.router.add_post("/completion", _completion)
+    if llamacpp:
+        app.router.add_get("/props", _props)
+        app.router.add_post("/apply-template", _apply_template)
+        app.router.add_post("/completion", _completion)

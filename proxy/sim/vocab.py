@@ -30,11 +30,11 @@ VOCAB_SIZE = _PAIR_END + 0x110000  # every code point has a token
 _SPLIT = re.compile("(" + "|".join(re.escape(s) for s in SPECIALS) + ")")
 
 
-def _encode_text(text: str, out: list[int]) -> None:
+def _encode_text(text: str, out: list[int], pairs: bool = True) -> None:
     i, n = 0, len(text)
     while i < n:
         c = ord(text[i])
-        if c < 128 and i + 1 < n and (d := ord(text[i + 1])) < 128:
+        if pairs and c < 128 and i + 1 < n and (d := ord(text[i + 1])) < 128:
             out.append(_SPECIAL_IDS + 128 * c + d)
             i += 2
         else:
@@ -42,19 +42,22 @@ def _encode_text(text: str, out: list[int]) -> None:
             i += 1
 
 
-def encode(text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+def encode(
+    text: str, *, add_special: bool = False, parse_special: bool = True, pairs: bool = True
+) -> list[int]:
     """`text`'s ids; `add_special` puts `<bos>` first, `parse_special` reads special tokens
-    written in the text as themselves (else they are ordinary text)."""
+    written in the text as themselves (else they are ordinary text). `pairs` False makes
+    every character one token: the same vocabulary, another tokenizer (`sim.tokenizer`)."""
     out = [BOS] if add_special else []
     if not parse_special:
-        _encode_text(text, out)
+        _encode_text(text, out, pairs)
         return out
     for part in _SPLIT.split(text):
         special = SPECIALS.get(part)
         if special is not None:
             out.append(special)
         elif part:
-            _encode_text(part, out)
+            _encode_text(part, out, pairs)
     return out
 
 

@@ -191,6 +191,8 @@ class UpstreamPool:
         self.by_name: dict[str, Replica] = {}
         self.affinity = Counter[str]()
         self._turn = 0  # round-robin among equally loaded replicas
+        # a replica may have been restarted (healthy again, a connection failed): token_replicas
+        self.on_restart: Callable[[Replica], None] | None = None
         self.set_urls(urls)
 
     def _replica(self, name: str, url: str) -> Replica:
@@ -381,6 +383,8 @@ class UpstreamPool:
             kind = "timeout"
         elif code == "upstream_unavailable":
             kind = "unavailable"
+            if self.on_restart is not None:
+                self.on_restart(replica)
         else:
             kind = "http_5xx" if err.status >= 500 else "http_4xx"
         replica.outcomes[kind] += 1
@@ -420,6 +424,8 @@ class UpstreamPool:
             )
         elif changed:
             log.info("upstream replica %s is healthy again", replica.name)
+            if self.on_restart is not None:
+                self.on_restart(replica)
         return ok
 
     async def check_all(self, session: aiohttp.ClientSession) -> None:

@@ -4,16 +4,25 @@ chat template and special tokens, its vocabulary and context window.
 `upstream.token_engine = "auto"` asks the server's root in turn: llama.cpp answers
 `GET /props` (with `default_generation_settings`), SGLang `GET /get_model_info` (with
 `model_path`), vLLM `GET /version`. The template is `upstream.chat_template_file`, else the
-one llama.cpp reports in `/props`; vLLM and SGLang report none, so they need the file. Until
-this succeeds the token path is not ready: `/readyz` answers 503 with the reason, turns fail
-with `upstream_not_ready`, and the probe is tried again every few seconds. Nothing falls back
-to text.
+one llama.cpp reports in `/props`; vLLM and SGLang report none, so they need the file.
+
+vLLM serves its generate endpoint only when started with `--enable-scale-out`, and a vLLM
+that predates `output_mode` answers it with ids and no text: one generate of one token, as
+a turn sends it, finds either. llama.cpp's `/completion` and SGLang's `/generate` are there on
+every server that answers the engine's own info route, so they are not asked to generate.
+
+The tokenizer is identified (core/tokens/identity.py) by the ids of a fixed probe text with
+the template's special tokens in it, checked against the vocabulary like every id the server
+gives. A generation prompt that ends inside an open `<think>` (Qwen3's thinking templates,
+DeepSeek-R1's) makes the output parser start in reasoning.
+
+Until this succeeds the token path is not ready (upstream/token_replicas.py: every replica is
+probed): `/readyz` answers 503 with the reason, turns fail with `upstream_not_ready`, and the
+probe is tried again every few seconds. Nothing falls back to text.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +31,12 @@ import aiohttp
 from ..config import UpstreamSettings
 from ..core import wire
 from ..core.errors import UpstreamError
-from ..core.tokens.dialect import TokenDialect, TokenSetup
-from ..core.tokens.engine import LlamaCppEngine, TokenEngine
+from ..core.sse import SSEDecoder
+from ..core.tokens.dialect import TokenSetup
+from ..core.tokens.engine import LlamaCppEngine, Sampling, TokenEngine
 from ..core.tokens.formats import closing, detect_format, markers, parser_for
+from ..core.tokens.identity import out_of_vocab, tokenizer_digest
+from ..core.tokens.parsers import THINK_CLOSE, THINK_OPEN
 from ..core.tokens.sglang import SglangEngine
 from ..core.tokens.template import ChatTemplate, TemplateFailed
 from ..core.tokens.vllm import VllmEngine
@@ -32,15 +44,21 @@ from ..core.urls import redact_url, server_root
 from .client import UpstreamClient, describe
 from .harmony_vocab import HarmonyUnavailable, harmony_encoding
 
-log = logging.getLogger("wsmode.upstream")
-
 PROBE_TIMEOUT = 5.0  # seconds per request of the probe
-RETRY_SECONDS = 3.0  # between attempts while the server is not there
 _JSON = {"Content-Type": "application/json"}
+# the text whose ids identify the tokenizer, after the probe conversation's rendering (which
+# brings the template's special tokens): words, digits, spacing, accents and other scripts
+PROBE_TEXT = " Tokenizer probe: Hello, wörld! 0123456789\n\t  ça, 日本語, ελληνικά, 🙂."
+_PROBE = [{"role": "user", "content": "hi"}]
 
 
 class NotReady(Exception):
-    """Why the token path cannot start yet (shown in /readyz and in turns' errors)."""
+    """Why the token path cannot start yet (shown in /readyz and in turns' errors).
+    `answered`: the server answered, and what it answered will not do (not merely down)."""
+
+    def __init__(self, message: str, *, answered: bool = True) -> None:
+        super().__init__(message)
+        self.answered = answered
 
 
 async def _fetch(client: UpstreamClient, url: str, body: bytes | None = None) -> tuple[int, bytes]:
@@ -55,7 +73,8 @@ async def _fetch(client: UpstreamClient, url: str, body: bytes | None = None) ->
         ) as resp:
             return resp.status, await resp.read()
     except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
-        raise NotReady(f"{redact_url(url)} did not answer ({describe(exc)})") from None
+        message = f"{redact_url(url)} did not answer ({describe(exc)})"
+        raise NotReady(message, answered=False) from None
 
 
 async def _get(client: UpstreamClient, url: str) -> dict[str, Any] | None:
@@ -116,52 +135,121 @@ async def _served_model(client: UpstreamClient, base: str) -> tuple[str | None, 
     return (name if isinstance(name, str) else None), (n if wire.is_int(n) else 0)
 
 
-async def _tokenize(client: UpstreamClient, root: str, engine: TokenEngine, text: str) -> list[int]:
-    url = root + engine.tokenize_path
-    status, body = await _fetch(client, url, engine.tokenize_body(text))
-    if status != 200:
-        raise NotReady(f"{redact_url(url)} answered {status}")
+class _Server:
+    """One server's tokenize endpoint, its answers checked against its vocabulary."""
+
+    def __init__(self, client: UpstreamClient, root: str, engine: TokenEngine, vocab: int) -> None:
+        self.client, self.root, self.engine, self.vocab = client, root, engine, vocab
+
+    async def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
+        url = self.root + self.engine.tokenize_path
+        body = self.engine.tokenize_body(text, add_special=add_special)
+        status, answer = await _fetch(self.client, url, body)
+        if status != 200:
+            raise NotReady(f"{redact_url(url)} answered {status}")
+        try:
+            ids = self.engine.tokenize_ids(answer)
+        except UpstreamError as exc:
+            raise NotReady(f"{redact_url(url)}: {exc.message}") from None
+        if (bad := out_of_vocab(ids, self.vocab)) is not None:
+            raise NotReady(
+                f"{redact_url(url)} answered token id {bad}, outside the vocabulary of "
+                f"{self.vocab} ids the server reports"
+            )
+        return ids
+
+
+def _generation_prompt(template: ChatTemplate) -> str:
+    """What the template writes to ask for the model's turn ("" when it cannot tell)."""
     try:
-        return engine.tokenize_ids(body)
-    except UpstreamError as exc:
-        raise NotReady(f"{redact_url(url)}: {exc.message}") from None
+        with_prompt = template.render(_PROBE, add_generation_prompt=True)
+        without = template.render(_PROBE, add_generation_prompt=False)
+    except TemplateFailed:
+        return ""
+    if not with_prompt.startswith(without):
+        return ""
+    return with_prompt[len(without) :]
 
 
-async def _turn_marker(
-    client: UpstreamClient, root: str, engine: TokenEngine, template: ChatTemplate
-) -> tuple[str, int] | None:
+def opens_think(template: ChatTemplate) -> bool:
+    """Whether the generation prompt ends inside an open think block, so the model's output
+    starts as reasoning (Qwen3-Thinking writes `<|im_start|>assistant\n<think>\n`)."""
+    prompt = _generation_prompt(template)
+    return prompt.rfind(THINK_OPEN) > prompt.rfind(THINK_CLOSE)
+
+
+async def _turn_marker(server: _Server, template: ChatTemplate) -> tuple[str, int] | None:
     """The special token a turn starts with, as text and id: the first token of the
     generation prompt (`<start_of_turn>model\n` starts with `<start_of_turn>`), found as the
     longest start of it that the server tokenises to that one id. None when there is none
     (a template whose turns start with plain text): a turn's ids are then kept whole."""
-    probe = [{"role": "user", "content": "hi"}]
-    try:
-        with_prompt = template.render(probe, add_generation_prompt=True)
-        without = template.render(probe, add_generation_prompt=False)
-    except TemplateFailed:
+    prompt = _generation_prompt(template)[:64]
+    if not prompt:
         return None
-    if not with_prompt.startswith(without) or len(with_prompt) == len(without):
-        return None
-    prompt = with_prompt[len(without) :][:64]
-    ids = await _tokenize(client, root, engine, prompt)
+    ids = await server.tokenize(prompt)
     if not ids:
         return None
     for n in range(len(prompt), 0, -1):
-        if await _tokenize(client, root, engine, prompt[:n]) == [ids[0]]:
+        if await server.tokenize(prompt[:n]) == [ids[0]]:
             return prompt[:n], ids[0]
     return None
 
 
-async def _single_token_tags(
-    client: UpstreamClient, root: str, engine: TokenEngine, tags: tuple[str, ...]
-) -> dict[int, str]:
+async def _single_token_tags(server: _Server, tags: tuple[str, ...]) -> dict[int, str]:
     """The parser's tags that the server's vocabulary has as one token each, by id."""
     found: dict[int, str] = {}
     for tag in tags:
-        ids = await _tokenize(client, root, engine, tag)
+        ids = await server.tokenize(tag)
         if len(ids) == 1:
             found[ids[0]] = tag
     return found
+
+
+async def _probe_ids(server: _Server, template: ChatTemplate) -> list[int]:
+    """The ids of the probe conversation, rendered and followed by `PROBE_TEXT`, tokenised
+    as the start of a prompt: what identifies the tokenizer."""
+    try:
+        rendered = template.render(_PROBE, add_generation_prompt=True)
+    except TemplateFailed:
+        rendered = ""
+    return await server.tokenize(rendered + PROBE_TEXT, add_special=True)
+
+
+async def _generates(server: _Server, prompt: list[int], model: str | None) -> None:
+    """One generate request of one token, as a turn sends it, read as a turn reads it.
+    Raises NotReady when the endpoint is not there or its answer will not do."""
+    engine = server.engine
+    url = server.root + engine.generate_path
+    sampling = Sampling(model=model, max_tokens=1)
+    status, body = await _fetch(
+        server.client, url, engine.generate_body(wire.dumps(prompt), sampling)
+    )
+    if status == 404 and isinstance(engine, VllmEngine):
+        raise NotReady(
+            f"{redact_url(url)} answered 404: vLLM serves its token endpoint only when started "
+            "with --enable-scale-out"
+        )
+    if status != 200:
+        raise NotReady(f"{redact_url(url)} answered {status}: {_message(body)}")
+    stream, decoder = engine.stream(), SSEDecoder(server.client.settings.max_event_bytes)
+    try:
+        for event in decoder.feed(body):
+            if stream.feed(event).finish is not None:
+                return
+        stream.eof()
+    except UpstreamError as exc:
+        raise NotReady(f"{redact_url(url)}: {exc.message}") from None
+
+
+def _message(body: bytes) -> str:
+    """An error answer's message, briefly."""
+    try:
+        doc = wire.loads(body)
+    except wire.JSONDecodeError:
+        return body[:200].decode(errors="replace")
+    err = doc.get("error", doc) if isinstance(doc, dict) else doc
+    found = err.get("message") or err.get("detail") if isinstance(err, dict) else None
+    return str(found or doc)[:200]
 
 
 async def setup(client: UpstreamClient, settings: UpstreamSettings, base: str) -> TokenSetup:
@@ -192,7 +280,12 @@ async def setup(client: UpstreamClient, settings: UpstreamSettings, base: str) -
     gen = said.get("default_generation_settings")
     n_ctx = gen.get("n_ctx") if isinstance(gen, dict) else None
     model, vocab = await _served_model(client, base)
+    server = _Server(client, root, engine, vocab)
+    probe_ids = await _probe_ids(server, template)
+    if isinstance(engine, VllmEngine):  # the one engine whose generate route may be missing
+        await _generates(server, probe_ids, model)
     tool_format = settings.tool_format
+    thinking = opens_think(template)
     harmony = None
     if tool_format == "harmony" or (tool_format == "auto" and detect_format(source) == "harmony"):
         try:
@@ -202,43 +295,17 @@ async def setup(client: UpstreamClient, settings: UpstreamSettings, base: str) -
     return TokenSetup(
         engine=engine,
         template=template,
-        parser=lambda: parser_for(tool_format, source, harmony=harmony),
+        parser=lambda: parser_for(tool_format, source, starts_in_think=thinking, harmony=harmony),
         vocab_size=vocab,
         context_window=n_ctx if wire.is_int(n_ctx) else 0,
         model=model,
         turn_end=template.turn_end(),
-        turn_marker=await _turn_marker(client, root, engine, template),
-        tags=await _single_token_tags(client, root, engine, markers(tool_format, source)),
+        turn_marker=await _turn_marker(server, template),
+        tags=await _single_token_tags(server, markers(tool_format, source)),
+        tokenizer=tokenizer_digest(probe_ids),
+        starts_in_think=thinking,
         closing=closing(tool_format, source),
     )
 
 
-async def prepare(
-    client: UpstreamClient, settings: UpstreamSettings, dialect: TokenDialect, base: str
-) -> None:
-    """Probe until the token path is ready (the task is cancelled at shutdown)."""
-    attempt = 0
-    while True:
-        try:
-            found = await setup(client, settings, base)
-        except NotReady as exc:
-            dialect.not_ready = str(exc)
-            if attempt == 0:
-                log.error("the token path is not ready: %s (trying again)", exc)
-            attempt += 1
-            await asyncio.sleep(RETRY_SECONDS)
-            continue
-        dialect.ready(found)
-        log.info(
-            "token path: %s at %s (template %s, vocabulary %s, context %s, tool format %s)",
-            found.engine.name,
-            redact_url(server_root(base)),
-            found.template.name,
-            found.vocab_size or "unknown",
-            found.context_window or "unknown",
-            settings.tool_format,
-        )
-        return
-
-
-__all__ = ["NotReady", "prepare", "setup"]
+__all__ = ["PROBE_TEXT", "NotReady", "opens_think", "setup"]

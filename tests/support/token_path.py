@@ -32,7 +32,7 @@ from tests.support.helpers import (
 )
 
 TEMPLATE = str(TEMPLATE_PATH)  # the sim's chat template, for engines that report none
-REASONS = ("fingerprint", "history_changed", "generation_rerendered")
+REASONS = ("fingerprint", "history_changed", "generation_rerendered", "parent_without_ids")
 
 
 def engine_settings(engine: str) -> dict[str, Any]:
@@ -52,6 +52,19 @@ async def wait_ready(proxy: Proxy, timeout: float = 10) -> None:
             return r.status == 200
 
     await until(ready, timeout, message="the token path never became ready")
+
+
+async def not_ready_because(proxy: Proxy, words: str, timeout: float = 10) -> list[str]:
+    """Until /readyz answers 503 with a reason containing `words`: the reasons."""
+
+    async def reasons() -> list[str] | None:
+        status, doc = await get_json(f"{proxy.served.base}/readyz")
+        found = doc.get("reasons", []) if status == 503 else []
+        return found if any(words in r for r in found) else None
+
+    found = await until(reasons, timeout, message=f"/readyz never said {words!r}")
+    assert isinstance(found, list)
+    return found
 
 
 async def get_json(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
@@ -135,7 +148,9 @@ class FakeLlamaCpp:
       `return_tokens`), as a server that ignores `return_tokens` would; None: all carry them;
     - `tokenize_status`: not 200, /tokenize answers that status with an error body;
     - `hold_after`: after that many pieces the stream waits for `release` (a response that is
-      still running while the test steers or cancels it).
+      still running while the test steers or cancels it);
+    - `tokenize_extra`, `generated_extra`: ids put after those of every tokenize answer, and
+      after those of the last generated piece (ids outside the vocabulary, say).
 
     `completions` holds each /completion body; `disconnects` counts streams the client left
     before their end (a cancelled upstream request)."""
@@ -145,6 +160,8 @@ class FakeLlamaCpp:
     tokenize_status: int = 200
     n_ctx: int = 32768  # the context window its /props reports
     hold_after: int | None = None
+    tokenize_extra: list[int] = field(default_factory=list)
+    generated_extra: list[int] = field(default_factory=list)
     release: asyncio.Event = field(default_factory=asyncio.Event)
     held: asyncio.Event = field(default_factory=asyncio.Event)
     completions: list[dict[str, Any]] = field(default_factory=list)
@@ -183,7 +200,7 @@ class FakeLlamaCpp:
             add_special=doc.get("add_special") is True,
             parse_special=doc.get("parse_special") is True,
         )
-        return web.json_response({"tokens": ids})
+        return web.json_response({"tokens": ids + self.tokenize_extra})
 
     async def _completion(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -199,6 +216,8 @@ class FakeLlamaCpp:
                     self.held.set()
                     await self.release.wait()
                 ids = vocab.encode(piece, parse_special=True)
+                if i == len(self.pieces) - 1:
+                    ids += self.generated_extra
                 n += len(ids)
                 event: dict[str, Any] = {"content": piece, "stop": False, "tokens_predicted": n}
                 if self.tokens_until is None or i < self.tokens_until:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
+from wsmode.core.errors import UpstreamError
 from wsmode.core.sse import SSEEvent
 from wsmode.core.tokens.chain import fresh
 from wsmode.core.tokens.dialect import TokenPrompt, TokenStream
@@ -18,7 +20,9 @@ from tests.support.event_checks import check_sequence
 REQUEST = {"model": "m", "input": "hi", "store": False}
 
 
-def _stream(parser: OutputParser | None = None, tags: dict[int, str] | None = None) -> TokenStream:
+def _stream(
+    parser: OutputParser | None = None, tags: dict[int, str] | None = None, vocab_size: int = 0
+) -> TokenStream:
     counter = iter(range(1000))
     stream = TokenStream(
         REQUEST,
@@ -26,6 +30,7 @@ def _stream(parser: OutputParser | None = None, tags: dict[int, str] | None = No
         engine=LlamaCppEngine(),
         parser=parser or HermesParser(),
         tags=tags,
+        vocab_size=vocab_size,
         names={},
         model="gemma",
         clock=lambda: 1000.0,
@@ -207,3 +212,20 @@ def test_a_tag_the_server_streams_as_an_id_only_is_written_back_for_the_parser()
         ],
     )
     assert "".join(s.text).count("[TOOL_CALLS]") == 1
+
+
+def test_ids_outside_the_servers_vocabulary_are_a_protocol_error_naming_the_id() -> None:
+    """The vocabulary the server reports bounds the ids it tokenises and generates."""
+    prompt = TokenPrompt(LlamaCppEngine(), fresh("<p>"), Sampling(), vocab_size=100)
+    assert prompt.new_ids(b'{"tokens": [2, 99]}') == [2, 99]
+    for answer in (b'{"tokens": [2, 100]}', b'{"tokens": [-1]}'):
+        with pytest.raises(UpstreamError) as caught:
+            prompt.new_ids(answer)
+        assert caught.value.status == 502 and caught.value.code == "upstream_protocol_error"
+        assert "outside its vocabulary of 100 ids" in caught.value.message
+    s = _stream(vocab_size=100)
+    s.feed(_token("ok", [99]))
+    with pytest.raises(UpstreamError) as caught:
+        s.feed(_token("no", [100]))
+    assert caught.value.code == "upstream_protocol_error" and "token id 100" in caught.value.message
+    assert s.ids.tolist() == [99]  # the id past the vocabulary is not kept

@@ -52,16 +52,19 @@ def test_vllm_bodies() -> None:
     assert "session" not in orjson.dumps(bare).decode()
 
 
-def _chunk(ids: list[int], finish: str | None = None, text: str | None = None) -> Any:
+def _chunk(ids: list[int], finish: str | None = None, text: str | None = "") -> Any:
+    """A stream chunk as vLLM sends it for `output_mode: "text"` (`text` None: left out)."""
     choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
     choice["token_ids"] = ids
     if text is not None:
         choice["text"] = text
-    return {"request_id": "generate-tokens-1", "choices": [choice], "usage": None}
+    chunk = {"request_id": "generate-tokens-1", "output_mode": "text", "choices": [choice]}
+    return {**chunk, "usage": None}
 
 
 USAGE = {
     "request_id": "generate-tokens-1",
+    "output_mode": "text",
     "choices": [],
     "usage": {
         "prompt_tokens": 10,
@@ -103,8 +106,11 @@ def test_vllm_logprobs() -> None:
 @pytest.mark.parametrize(
     ("doc", "code"),
     [
-        ({"choices": [{"index": 0, "finish_reason": None}]}, "upstream_protocol_error"),
-        ({"request_id": "x"}, "upstream_protocol_error"),
+        (
+            {"output_mode": "text", "choices": [{"index": 0, "finish_reason": None}]},
+            "upstream_protocol_error",
+        ),
+        ({"request_id": "x", "output_mode": "text"}, "upstream_protocol_error"),
         ({"error": {"message": "boom", "type": "BadRequestError", "code": 400}}, "server_error"),
         (_chunk([1], "abort"), "server_error"),
         (b"not json", None),
@@ -115,6 +121,34 @@ def test_vllm_stream_errors(doc: Any, code: str | None) -> None:
         VllmEngine().stream().feed(ev(doc))
     if code is not None:
         assert caught.value.code == code
+
+
+def _older(doc: dict[str, Any]) -> dict[str, Any]:
+    """The chunk of a vLLM that predates `output_mode`: no echo, no text."""
+    choices = [{k: v for k, v in c.items() if k != "text"} for c in doc["choices"]]
+    return {k: v for k, v in doc.items() if k != "output_mode"} | {"choices": choices}
+
+
+@pytest.mark.parametrize("at", [0, 1], ids=["first-chunk", "a-later-chunk"])
+def test_a_vllm_that_ignores_output_mode_is_a_protocol_error_naming_it(at: int) -> None:
+    chunks = [_chunk([7], text="a"), _chunk([8], "stop", "b"), USAGE]
+    chunks[at] = _older(chunks[at])
+    s = VllmEngine().stream()
+    for chunk in chunks[:at]:
+        s.feed(ev(chunk))
+    with pytest.raises(UpstreamError) as caught:
+        s.feed(ev(chunks[at]))
+    assert caught.value.status == 502 and caught.value.code == "upstream_protocol_error"
+    assert "`output_mode`" in caught.value.message
+
+
+def test_vllm_ids_without_their_text_are_a_protocol_error_naming_the_field() -> None:
+    s = VllmEngine().stream()
+    assert s.feed(ev(_chunk([], text=""))).ids == []  # text alone, or none with no ids: fine
+    with pytest.raises(UpstreamError) as caught:
+        s.feed(ev(_chunk([8], text=None)))
+    assert caught.value.code == "upstream_protocol_error"
+    assert "`choices[].text`" in caught.value.message
 
 
 def test_vllm_reported_error_keeps_its_status() -> None:

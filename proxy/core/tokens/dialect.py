@@ -15,7 +15,7 @@ dialect's.
 
 from __future__ import annotations
 
-import hashlib
+import logging
 from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -44,8 +44,10 @@ from .chain import (
     prompt_json,
     split_at_turns,
 )
-from .engine import EngineUsage, Generated, Sampling, TokenEngine
+from .engine import EngineUsage, Generated, Sampling, TokenEngine, protocol_error
 from .harmony import HarmonyParser
+from .identity import ServerIdentity, changed_parts, out_of_vocab
+from .identity import fingerprint as fingerprint_of
 from .parsers import (
     BrokenCall,
     CallPiece,
@@ -55,6 +57,8 @@ from .parsers import (
     TextPiece,
 )
 from .template import ChatTemplate, object_arguments
+
+log = logging.getLogger("wsmode.tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,19 @@ class TokenSetup:
     # special tokens a generation may end with that end the model's turn themselves, so
     # nothing need follow them in the history (harmony's `<|call|>`): `formats.closing`
     closing: tuple[str, ...] = ()
+    tokenizer: str = ""  # the digest of the probe text's ids (core/tokens/identity.py)
+    starts_in_think: bool = False  # the generation prompt opens a think block
+
+    @property
+    def identity(self) -> ServerIdentity:
+        """The server's parts of the fingerprint."""
+        return ServerIdentity(
+            self.engine.name,
+            self.template.digest,
+            self.model or "",
+            self.vocab_size,
+            self.tokenizer,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +105,7 @@ class TokenPrompt:
     sampling: Sampling
     marker: tuple[str, int] | None = None  # the turn marker the new ids are cut at (chain.py)
     context_window: int = 0  # the server's (llama.cpp's n_ctx); 0: unknown
+    vocab_size: int = 0  # the server's; 0: unknown
 
     def tokenize_body(self) -> bytes | None:
         """The tokenise request for the new text, None when there is none."""
@@ -96,10 +114,18 @@ class TokenPrompt:
         return self.engine.tokenize_body(self.plan.text, add_special=self.plan.kept_ids == 0)
 
     def new_ids(self, answer: bytes | None) -> list[int]:
-        """The new text's ids from the tokenise answer (None: there was no new text)."""
+        """The new text's ids from the tokenise answer (None: there was no new text). Raises
+        `protocol_error` on an id outside the server's vocabulary."""
         if answer is None:
             return []
-        return new_ids(self.plan, self.engine.tokenize_ids(answer))
+        ids = self.engine.tokenize_ids(answer)
+        if (bad := out_of_vocab(ids, self.vocab_size)) is not None:
+            raise protocol_error(
+                f"upstream tokenised the prompt into token id {bad}, outside its vocabulary "
+                f"of {self.vocab_size} ids ({self.engine.name} {self.engine.tokenize_path} "
+                "`tokens`)"
+            )
+        return new_ids(self.plan, ids)
 
     def over_window(self, ids: list[int]) -> ClientError | None:
         """The refusal of a prompt of the kept ids and `ids` that does not fit the server's
@@ -116,11 +142,10 @@ class TokenPrompt:
 
 
 def fingerprint(setup: TokenSetup, settings: Mapping[str, Any]) -> str:
-    """What must be equal for ids to be reused: the model, the template (and its special
-    tokens), the tool set and the engine."""
-    tools = settings.get("tools")
-    digest = hashlib.sha256(wire.dumps(tools)).hexdigest()[:16] if tools else ""
-    return f"{setup.engine.name}|{settings.get('model')}|{setup.template.digest}|{digest}"
+    """What must be equal for ids to be reused (core/tokens/identity.py): the engine, the
+    client's model, the template (and its special tokens), the tool set, the served model,
+    the vocabulary and the tokenizer."""
+    return fingerprint_of(setup.identity, settings.get("model"), settings.get("tools"))
 
 
 class TokenStream(BuiltStream):
@@ -138,8 +163,10 @@ class TokenStream(BuiltStream):
         clock: Callable[[], float],
         new_id: Callable[[str], str],
         tags: Mapping[int, str] | None = None,
+        vocab_size: int = 0,
     ) -> None:
         super().__init__(request, patch, clock=clock, new_id=new_id)
+        self._vocab = vocab_size
         self._engine_stream = engine.stream()
         self._parser = parser
         # the harmony parser reads the generated ids; the others read their text
@@ -203,6 +230,10 @@ class TokenStream(BuiltStream):
     # ------------------------------------------------------------ internals
 
     def _take(self, gen: Generated) -> list[bytes]:
+        if (bad := out_of_vocab(gen.ids, self._vocab)) is not None:  # before any event
+            raise protocol_error(
+                f"upstream generated token id {bad}, outside its vocabulary of {self._vocab} ids"
+            )
         out = self._start()
         if len(gen.ids) == 1 and (tag := self._tags.get(gen.ids[0])) and tag not in gen.text:
             gen.text = tag + gen.text  # a tag the server streamed as an id without its text
@@ -315,6 +346,10 @@ class TokenDialect:
     def ready(self, setup: TokenSetup) -> None:
         self.setup, self.not_ready = setup, None
 
+    def unready(self, reason: str) -> None:
+        """The token path cannot serve now (turns fail with 503 `upstream_not_ready`)."""
+        self.setup, self.not_ready = None, reason
+
     def stream(self, patch: dict[str, Any], request: dict[str, Any]) -> TokenStream:
         setup = self._setup()
         return TokenStream(
@@ -327,6 +362,7 @@ class TokenDialect:
             clock=self._clock,
             new_id=self._new_id,
             tags=setup.tags,
+            vocab_size=setup.vocab_size,
         )
 
     def prompt(
@@ -362,6 +398,8 @@ class TokenDialect:
             if turn is not None and setup.closing and turn.generated.text.endswith(setup.closing):
                 end = ""  # the model's own end of turn closed it (harmony's <|call|>)
             plan = continue_from(turn, text, print_, end)
+            if plan.divergence == "fingerprint" and turn is not None:
+                _log_change(turn.fingerprint, print_)
         sampling = _sampling(settings, extra, setup)
         prompt = TokenPrompt(
             setup.engine,
@@ -369,6 +407,7 @@ class TokenDialect:
             sampling,
             setup.turn_marker,
             setup.context_window,
+            setup.vocab_size,
         )
         return prompt, print_
 
@@ -381,6 +420,15 @@ class TokenDialect:
                 type="server_error",
             )
         return self.setup
+
+
+def _log_change(old: str, new: str) -> None:
+    """Say which parts of the fingerprint changed, since the metric says only that one did."""
+    log.info(
+        "token path: the parent's ids are not reused, its fingerprint differs in %s; the "
+        "conversation is tokenised afresh",
+        ", ".join(changed_parts(old, new)),
+    )
 
 
 def _sampling(settings: Mapping[str, Any], extra: Mapping[str, Any], setup: TokenSetup) -> Sampling:

@@ -25,9 +25,13 @@ generate models and stream at commits 06408932 and later, the doc at 006ebac2):
 
 vLLM takes no session or conversation key on this endpoint, so `Sampling.session` is not
 sent, nor `Sampling.slot` (a llama.cpp notion). `output_mode: "text"` is asked for because
-the token path reads the generated text; a server that predates the field ignores it and
-sends ids only (the text stays empty), and a `--tokens-only` server, which has no tokenizer,
-refuses it with a 400.
+the token path reads the generated text. A server that predates the field ignores it and
+streams ids only, without echoing it (the doc above says to check the echo): every chunk
+must echo `output_mode: "text"`, and a choice with ids must carry its `text`, else the
+answer is a 502 `upstream_protocol_error` naming the field, never a response that completes
+with no text. A `--tokens-only` server, which has no tokenizer, refuses the field with a 400.
+The start-up probe (upstream/token_probe.py) sends one such request of one token, so either
+shows in `/readyz` before any turn.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from .engine import (
 )
 
 _DONE = b"[DONE]"
+OUTPUT_MODE = "text"  # asked for, and echoed by every chunk of a server that knows it
 # vLLM's finish reasons (vllm/v1/engine FinishReason): "stop" (EOS, a stop string or stop
 # token), "length" (max_tokens or the context), "abort" (the request was cancelled), "error"
 _FINISH = {"stop": "stop", "length": "length"}
@@ -94,6 +99,12 @@ class VllmStream:
         doc = json_object(event.data, "a generate chunk")
         if (err := reported_error(doc)) is not None:
             raise err
+        if (mode := doc.get("output_mode")) != OUTPUT_MODE:
+            raise protocol_error(
+                f"upstream answer has `output_mode` {mode!r}, not the {OUTPUT_MODE!r} asked "
+                "for (vLLM /inference/v1/generate; a vLLM that predates `output_mode` "
+                "ignores it and streams ids without their text)"
+            )
         out = Generated()
         choices = doc.get("choices")
         if not isinstance(choices, list):
@@ -105,6 +116,10 @@ class VllmStream:
             text = choice.get("text")
             if isinstance(text, str):
                 out.text = text
+            elif out.ids:
+                raise protocol_error(
+                    "upstream answer has ids without their text (vLLM generate `choices[].text`)"
+                )
             out.logprobs = _logprobs(choice.get("logprobs"))
             reason = choice.get("finish_reason")
             if reason is not None:
@@ -148,7 +163,7 @@ class VllmEngine(HfTokenize):
         head: dict[str, Any] = {
             "stream": True,
             "stream_options": {"include_usage": True},
-            "output_mode": "text",
+            "output_mode": OUTPUT_MODE,
             "sampling_params": params,
         }
         if sampling.model is not None:
