@@ -170,6 +170,10 @@ class CachedResponse:
     # the token path (core/tokens/chain.py): its prompt's and its generation's ids, linked to
     # its parent's; None when it was not made on the token path or starts no token chain
     tokens: TokenTurn | None = None
+    # the newest response of its conversation that went to the response store (itself, or
+    # its nearest ancestor that did): a stored response continuing it is deleted with that
+    # one (core/store.py "Deleting"); None when none did
+    stored_tip: str | None = None
 
     def items(self) -> list[bytes]:
         """Every item of the conversation, oldest first: a new list, extended a segment at a
@@ -213,13 +217,15 @@ class CachedResponse:
         replica: str | None = None,
         chain: str | None = None,
         tokens: TokenTurn | None = None,
+        stored: bool = False,
     ) -> CachedResponse:
         """The conversation continued by `added`. `compacted`: `added` starts with what a
         compaction left of the history, so the parent's segments go, its index stays.
         `seen`: the items to index in place of `added`'s (compaction items expanded).
         `unmoderated`: the text of `added` that no moderation saw (a warmup's).
         `replica`, `chain`: where the response was served and its chain's key (routing.py);
-        a response no replica served (a warmup) stays where its parent was."""
+        a response no replica served (a warmup) stays where its parent was.
+        `stored`: it goes to the response store (its `stored_tip` is then itself)."""
         history = Link(added, None if compacted else self.history)
         calls = index_calls(self.calls, added.items if seen is None else seen)
         return CachedResponse(
@@ -234,6 +240,7 @@ class CachedResponse:
             chain if chain is not None else self.chain,
             self.compactions or compacted or opaque or holds_compaction(added.items),
             tokens,
+            response_id if stored else self.stored_tip,
         )
 
 

@@ -84,6 +84,7 @@ class Recorder:
             chain=run.chain,
             # a warmup adds input only: the next turn tokenises it after the parent's ids
             tokens=run.tokens.turn() if run.tokens is not None else self._warmup_tokens(run),
+            stored=bool(run.req.store) and self.stores,
         )
         self.cache.put(entry)
         for queued in queue:  # a create that waited for this response: pin it too
@@ -91,7 +92,13 @@ class Recorder:
                 queued.pinned = rid if self.cache.pin(rid) else None
         if not run.req.store or not self.stores:
             return None
-        stored = StoredResponse(entry, wire.dumps(response), entry.item_count - len(output))
+        stored = StoredResponse(
+            entry,
+            wire.dumps(response),
+            entry.item_count - len(output),
+            # deleting the stored response it continues deletes it too (its history holds it)
+            continues=parent.stored_tip,
+        )
         # the store may keep this turn's own segment, pointing at its parent's entry: only
         # if the parent was stored and the history was not compacted (docs/store.md)
         if not compacted and run.parent is not None and run.parent.settings.get("store"):

@@ -19,6 +19,15 @@ interface below, and the answers come back as events (`StoredLoaded`, `StoredSav
 in-process store is `MemoryStore` behind that interface (proxy/ops/stores.py); the store shared
 by replicas is Redis (proxy/ops/redis_store.py, docs/store.md). Both refuse to overwrite an id
 they hold, so an upstream that reuses ids never makes one conversation replace another.
+
+Deleting: a response's history holds every response before it, so `DELETE` of a response
+takes with it every stored response that continues it, directly or through others (its
+parent's, a compaction's or a `store: false` turn's descendants alike: `StoredResponse.
+continues`). Each stored response is registered under the one it continues, and a delete
+walks that tree down; what it removed leaves a tombstone for `ttl_seconds`, so a socket that
+still holds the deleted conversation in its own cache cannot store it again (a write that
+continues a tombstone is `DELETED`, not stored) and its id is not given out again. Both
+stores do it the same way (the Redis one in its scripts, proxy/ops/redis_scripts.py).
 """
 
 from __future__ import annotations
@@ -56,15 +65,26 @@ class StoredResponse:
     # the token path: the token turn of the stored parent that entry.tokens continues (its
     # own turns are written after it), None when they start afresh
     token_base: TokenTurn | None = None
+    # the stored response whose conversation it continues: its parent, or the nearest
+    # ancestor that was stored when its parent was not (or before a compaction); a delete
+    # of that one deletes this one too (the module's doc)
+    continues: str | None = None
+
+    @property
+    def under(self) -> str | None:
+        """The stored response this one is registered under (the module's doc)."""
+        return self.parent or self.continues
 
 
 class StoreUnavailable(Exception):
     """A remote store did not answer in time, or answered with an error. `timed_out`: no
-    answer came in time, so a write sent may still have been made (its outcome is unknown)."""
+    answer came in time, so a write sent may still have been made (its outcome is unknown);
+    `full`: it refused for want of memory (nothing was written)."""
 
-    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+    def __init__(self, message: str, *, timed_out: bool = False, full: bool = False) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+        self.full = full  # it answered that it is out of memory (Redis at its maxmemory)
 
 
 class WriteResult(enum.StrEnum):
@@ -73,6 +93,7 @@ class WriteResult(enum.StrEnum):
     STORED = "stored"
     EXISTS = "exists"  # the id is stored already: never overwritten
     DROPPED = "dropped"  # the store could not take it (unavailable, or over its bounds)
+    DELETED = "deleted"  # the conversation it continues was deleted: it is not stored
 
 
 class AsyncStore(Protocol):
@@ -95,6 +116,11 @@ class AsyncStore(Protocol):
 
 
 class MemoryStore:
+    """The in-process store. Besides the entries: the tree of which stored response each is
+    registered under (`_up`, `_kids`: the module's "Deleting"; an entry the cache lets go
+    hands its children to its own parent, so a delete above it still reaches them) and the
+    tombstones of deleted ids, bounded like the entries."""
+
     def __init__(
         self,
         max_entries: int,
@@ -109,6 +135,10 @@ class MemoryStore:
         self._cache = ResponseCache(budget, max_entries, max_bytes)
         self._meta: dict[str, StoredResponse] = {}
         self._expiry: OrderedDict[str, float] = OrderedDict()  # insertion order = expiry order
+        self._up: dict[str, str] = {}
+        self._kids: dict[str, set[str]] = {}
+        self._tombs: OrderedDict[str, float] = OrderedDict()  # deleted keys, by expiry
+        self._max_tombs = max(1, max_entries)
         self._ttl = ttl_seconds
         self._clock = clock
         self._cache.on_evict = self._forget
@@ -136,20 +166,40 @@ class MemoryStore:
     def put(self, stored: StoredResponse, owner: str) -> WriteResult:
         self._expire()
         key = self._key(stored.entry.id, owner)
-        if key in self._meta:
+        if key in self._meta or key in self._tombs:
             return WriteResult.EXISTS
+        under = stored.under
+        up = self._key(under, owner) if under is not None else None
+        if up in self._tombs:
+            return WriteResult.DELETED
+        if up in self._meta:  # before the put: if the put evicts `up`, `key` moves up with it
+            self._up[key] = up
+            self._kids.setdefault(up, set()).add(key)
         keyed = replace(stored.entry, id=key)  # its call index and all
         if not self._cache.put(keyed):
+            self._forget(key)
             return WriteResult.DROPPED
         self._meta[key] = stored
         self._expiry[key] = self._clock() + self._ttl
         return WriteResult.STORED
 
     def delete(self, rid: str, owner: str) -> bool:
+        """Delete the response and every stored response that continues it."""
+        self._expire()
         key = self._key(rid, owner)
-        self._expiry.pop(key, None)
-        self._meta.pop(key, None)
-        return self._cache.evict(key)
+        if key not in self._meta:
+            return False
+        doomed = [key]
+        for at in doomed:  # the tree below it, breadth first (the list grows as it is read)
+            doomed.extend(self._kids.pop(at, ()))
+        now = self._clock()
+        for at in doomed:
+            self._cache.evict(at)
+            self._tombs[at] = now + self._ttl
+            self._tombs.move_to_end(at)
+        while len(self._tombs) > self._max_tombs:
+            self._tombs.popitem(last=False)
+        return True
 
     def _expire(self) -> None:
         now = self._clock()
@@ -160,8 +210,26 @@ class MemoryStore:
             del self._expiry[key]
             self._meta.pop(key, None)
             self._cache.evict(key)
+        while self._tombs and next(iter(self._tombs.values())) <= now:
+            self._tombs.popitem(last=False)
 
     def _forget(self, key: str) -> None:
-        """The cache let `key` go (a bound, expiry, a delete): drop what is kept beside it."""
+        """The cache let `key` go (a bound, expiry, a delete): drop what is kept beside it,
+        and hand its children to the entry it is registered under."""
         self._meta.pop(key, None)
         self._expiry.pop(key, None)
+        up = self._up.pop(key, None)
+        if up is not None and (siblings := self._kids.get(up)) is not None:
+            siblings.discard(key)
+            if not siblings:
+                del self._kids[up]
+        kids = self._kids.pop(key, None)
+        if not kids:
+            return
+        for kid in kids:
+            if up is None:
+                self._up.pop(kid, None)
+            else:
+                self._up[kid] = up
+        if up is not None:
+            self._kids.setdefault(up, set()).update(kids)

@@ -237,8 +237,9 @@ class Metrics:
         self.store_writes_dropped = Counter(
             "wsmode_store_writes_dropped",
             "Responses not known to be written to the shared store, by reason (unavailable: "
-            "it failed; unknown: it timed out, and may have been written all the same; exists: "
-            "the id is stored already and is never overwritten).",
+            "it failed; full: Redis is at its maxmemory; unknown: it timed out, and may have "
+            "been written all the same; exists: the id is stored already and is never "
+            "overwritten; deleted: it continues a deleted response).",
             ["reason"],
             registry=r,
         )

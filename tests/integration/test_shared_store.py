@@ -99,9 +99,14 @@ async def test_a_chain_continues_on_the_other_replica_over_websocket_and_http(
     assert status == 404
     gone = await ws_turn(a, previous_response_id=r2, input=[user("x")])
     assert gone["error"]["code"] == "previous_response_not_found"
-    # what continued from the deleted response still reads its chain through it
+    # what continued from the deleted response went with it (its history held it)
     after = await ws_turn(a, previous_response_id=r3["id"], input=[user("four")])
-    assert after["type"] == "response.completed", after
+    assert after["error"]["code"] == "previous_response_not_found", after
+    status, _ = await http_json("GET", f"{b}/v1/responses/{r3['id']}/input_items")
+    assert status == 404
+    # what came before it is still there
+    before = await ws_turn(b, previous_response_id=r1, input=[user("four")])
+    assert before["type"] == "response.completed", before
 
 
 async def test_another_credential_cannot_see_a_stored_chain(

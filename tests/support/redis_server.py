@@ -40,6 +40,7 @@ def _missing() -> NoReturn:
 @dataclass
 class RedisServer:
     port: int
+    args: tuple[str, ...] = ()  # more of redis-server's arguments (`--maxmemory 4mb`)
     proc: subprocess.Popen[bytes] | None = None
     client: redis.Redis = field(init=False)
 
@@ -53,7 +54,7 @@ class RedisServer:
     def start(self) -> None:
         """Start (or restart, on the same port) and wait until it answers."""
         self.proc = subprocess.Popen(
-            [BINARY, "--port", str(self.port), "--bind", "127.0.0.1", *_NO_PERSISTENCE],
+            [BINARY, "--port", str(self.port), "--bind", "127.0.0.1", *_NO_PERSISTENCE, *self.args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -90,10 +91,11 @@ class RedisServer:
 
 
 @contextmanager
-def redis_server_process() -> Iterator[RedisServer]:
+def redis_server_process(*args: str) -> Iterator[RedisServer]:
+    """A redis-server of its own, with `args` added to its command line."""
     if not os.path.exists(BINARY):
         _missing()
-    server = RedisServer(free_port())
+    server = RedisServer(free_port(), args)
     server.start()
     try:
         yield server
@@ -145,15 +147,21 @@ def _healthz(base: str) -> dict[str, Any] | None:
         return None
 
 
-def start_replica(stack: contextlib.ExitStack, redis_url: str, **env: str) -> str:
-    """`wsmode serve` with `store.backend = "redis"` in front of its own `wsmode sim`, both
-    child processes; the replica's base URL once it answers /healthz."""
-    sim_port, port = free_port(), free_port()
-    stack.enter_context(running(["sim", "--port", str(sim_port), "--ttft-ms", "0"]))
-    sim_base = f"http://127.0.0.1:{sim_port}"
-    until_sync(lambda: _healthz(sim_base), 30, every=0.05, message="the sim never started")
+def start_replica(
+    stack: contextlib.ExitStack, redis_url: str, upstream: str | None = None, **env: str
+) -> str:
+    """`wsmode serve` with `store.backend = "redis"` in front of `upstream` (a `/v1` URL), or
+    of its own `wsmode sim`, as child processes; the replica's base URL once it answers
+    /healthz."""
+    port = free_port()
+    if upstream is None:
+        sim_port = free_port()
+        stack.enter_context(running(["sim", "--port", str(sim_port), "--ttft-ms", "0"]))
+        sim_base = f"http://127.0.0.1:{sim_port}"
+        until_sync(lambda: _healthz(sim_base), 30, every=0.05, message="the sim never started")
+        upstream = f"{sim_base}/v1"
     store = {"WSMODE_STORE_BACKEND": "redis", "WSMODE_STORE_REDIS_URL": redis_url}
-    args = ["serve", "--port", str(port), "--upstream", f"{sim_base}/v1", "--log-level", "WARNING"]
+    args = ["serve", "--port", str(port), "--upstream", upstream, "--log-level", "WARNING"]
     stack.enter_context(running(args, {**store, **env}))
     base = f"http://127.0.0.1:{port}"
     until_sync(lambda: _healthz(base), 30, every=0.05, message="the replica never started")

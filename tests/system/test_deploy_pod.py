@@ -127,7 +127,7 @@ def test_the_example_redis_keeps_nothing_on_disk(tmp_path: Path) -> None:
             until_sync(lambda: config("save"), message="redis-server never answered")
             assert config("save") == ["save", ""]
             assert config("appendonly") == ["appendonly", "no"]
-            assert config("maxmemory-policy") == ["maxmemory-policy", "volatile-ttl"]
+            assert config("maxmemory-policy") == ["maxmemory-policy", "noeviction"]
             # the readiness probe's command, with the container's REDISCLI_AUTH
             probe = container["readinessProbe"]["exec"]["command"]
             assert probe[0] == "redis-cli"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import redis
 from wsmode.core.conversation import CachedResponse
 from wsmode.core.store import MemoryStore, StoredResponse, WriteResult
 from wsmode.ops.metrics import Metrics
@@ -63,3 +64,46 @@ async def test_ok_is_stored(reply: Any) -> None:
 async def test_a_reply_that_is_not_the_scripts_is_dropped_not_stored() -> None:
     store, _ = store_answering(b"something else")
     assert await store.save(stored(), "owner") is WriteResult.DROPPED
+
+
+def shared_turn() -> StoredResponse:
+    long = {"instructions": "Be careful. " * 200}
+    return StoredResponse(CachedResponse("resp_1", None, None, long), b"{}", 1)
+
+
+async def test_a_write_that_continues_a_deleted_response_is_deleted_not_retried() -> None:
+    store, calls = store_answering(b"deleted")
+    assert await store.save(stored(), "owner") is WriteResult.DELETED
+    assert len(calls) == 1
+    dropped = store.metrics.registry.get_sample_value(
+        "wsmode_store_writes_dropped_total", {"reason": "deleted"}
+    )
+    assert dropped == 1
+
+
+async def test_a_shared_value_is_sent_once_and_again_only_when_redis_lost_it() -> None:
+    store, calls = store_answering(b"ok", b"no_blob", b"ok")
+    value = b'"' + b"Be careful. " * 200 + b'"'
+    assert await store.save(shared_turn(), "owner") is WriteResult.STORED
+    assert value in calls[0]  # the first time, its bytes
+    assert await store.save(shared_turn(), "owner") is WriteResult.STORED
+    assert value not in calls[1] and b"" in calls[1]  # then only its hash...
+    assert value in calls[2]  # ...until Redis says it is gone
+
+
+async def test_a_full_redis_is_counted_as_full() -> None:
+    store = RedisStore("redis://127.0.0.1:6379/0", 0.5, 60.0, Metrics())
+    await store.start()  # a client and its scripts; no connection is made
+    try:
+
+        async def refuse(keys: list[str], args: tuple[Any, ...]) -> Any:
+            raise redis.exceptions.OutOfMemoryError("command not allowed when used memory")
+
+        store._write = refuse
+        assert await store.save(stored(), "owner") is WriteResult.DROPPED
+        dropped = store.metrics.registry.get_sample_value(
+            "wsmode_store_writes_dropped_total", {"reason": "full"}
+        )
+        assert dropped == 1
+    finally:
+        await store.close()

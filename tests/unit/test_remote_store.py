@@ -1,6 +1,6 @@
 """A remote store (Redis) seen from the sans-I/O session: reads are `LoadStored` actions, the
 run waits in LOADING until `stored_loaded`; writes are `SaveStored` actions placed before the
-terminal event; and the record a write becomes (proxy/ops/shared_store.py `encode`/`decode`)
+terminal event; and the record a write becomes (proxy/ops/redis_records.py `encode`/`decode`)
 holds the turn's own items only and restores every field of the cached response."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from wsmode.core.events import ClientMessage
 from wsmode.core.runs import RunState
 from wsmode.core.session import Session
 from wsmode.core.store import StoredResponse
-from wsmode.ops.redis_store import decode, encode
+from wsmode.ops.redis_records import decode, encode
 
 from tests.support.session import (
     CALL,
@@ -155,10 +155,12 @@ def test_a_record_round_trips_every_field_and_the_exact_item_bytes() -> None:
         chain="r1",
     )
     stored = StoredResponse(entry, b'{"id":"r2"}', 2, parent="r1", added_calls=("c1",))
-    parent_id, segment, meta = encode(stored)
-    assert parent_id == "r1" and segment == b"".join(own)  # its own items only
-    root_record = encode(StoredResponse(CachedResponse("r1", None, linked([root])), b"{}", 1))
-    back = decode("r2", [b'{"id":"r2"}', segment, meta, root_record[1], root_record[2]])
+    record = encode(stored)
+    assert record.parent == "r1" and record.segment == b"".join(own)  # its own items only
+    assert record.shared == {}  # nothing long enough to share
+    first = encode(StoredResponse(CachedResponse("r1", None, linked([root])), b"{}", 1))
+    reply = [b'{"id":"r2"}', 0, record.segment, record.meta, first.segment, first.meta]
+    back = decode("r2", reply)
     assert back is not None
     got = back.entry
     assert tuple(got.items()) == (*root.items, *own)
@@ -205,4 +207,41 @@ def test_after_a_compaction_the_record_starts_its_own_chain() -> None:
     _, out = complete(s, start)
     [save] = saves(out)
     assert save.stored.parent is None
-    assert "c1" in encode(save.stored)[2].decode()  # the call made before the compaction
+    assert save.stored.continues == prev  # a delete of what it compacted reaches it
+    assert "c1" in encode(save.stored).meta.decode()  # the call made before the compaction
+
+
+def test_after_a_store_false_parent_the_record_is_registered_under_the_stored_one() -> None:
+    """Its history holds the stored response before the store: false turn, so a delete of
+    that one must reach it (core/store.py "Deleting")."""
+    s = remote_session()
+    r1, _ = first_turn(s)
+    r2, _ = complete(s, the_start(create(s, previous_response_id=r1, store=False)))
+    _, out = complete(s, the_start(create(s, previous_response_id=r2)))
+    [save] = saves(out)
+    assert save.stored.parent is None and save.stored.continues == r1
+    assert save.stored.entry.stored_tip == save.stored.entry.id
+
+
+def test_long_settings_and_their_echo_are_stored_once_by_content_and_read_back_exactly() -> None:
+    instructions = "Be careful with the repository. " * 100
+    tools = [{"type": "function", "name": f"t{i}", "description": "d" * 200} for i in range(8)]
+    echoed = [{**t, "strict": True} for t in tools]  # a response object may add defaults
+    settings = {"model": "m", "instructions": instructions, "tools": tools, "store": True}
+    entry = CachedResponse("r1", None, linked([Segment((b'{"type":"message"}',))]), settings)
+    response = orjson.dumps(
+        {"id": "r1", "instructions": instructions, "output": [], "tools": echoed}
+    )
+    record = encode(StoredResponse(entry, response, 1))
+    assert set(record.shared.values()) == {
+        orjson.dumps(instructions),
+        orjson.dumps(tools),
+        orjson.dumps(echoed),
+    }
+    assert len(record.meta) < 1000 and len(record.response) < 200  # neither holds them
+    pairs = [part for h, raw in record.shared.items() for part in (h.encode(), raw)]
+    reply = [record.response, len(record.shared), *pairs, record.segment, record.meta]
+    back = decode("r1", reply)
+    assert back is not None
+    assert back.response == response  # byte for byte
+    assert list(back.entry.settings.items()) == list(settings.items())  # in order

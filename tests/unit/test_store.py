@@ -8,7 +8,7 @@ from types import FrameType
 from typing import Any
 
 from wsmode.core.conversation import CachedResponse, Segment, linked
-from wsmode.core.store import MemoryStore, StoredResponse
+from wsmode.core.store import MemoryStore, StoredResponse, WriteResult
 
 
 def _stored(rid: str) -> StoredResponse:
@@ -73,3 +73,60 @@ def test_expiry_removes_only_what_is_due() -> None:
     assert store.get("a", "o") is None
     assert store.get("b", "o") is not None
     assert len(store) == 1
+
+
+# ---------------------------------------------------------------- deleting (core/store.py)
+
+
+def _chain(store: MemoryStore, *links: tuple[str, str | None, str | None]) -> None:
+    """Store each (id, parent, continues): a child shares its parent's history (or that of
+    the response it continues, as after a store: false turn)."""
+    for rid, parent, continues in links:
+        seg = Segment((f'{{"said":"{rid}"}}'.encode(),))
+        base = store.get(parent or continues or "", "o")
+        if base is None:
+            entry = CachedResponse(rid, None, linked([seg]), stored_tip=rid)
+        else:
+            entry = base.entry.child(rid, None, seg, {}, stored=True)
+        stored = StoredResponse(entry, b"{}", 1, parent=parent, continues=continues or parent)
+        assert store.put(stored, "o") is WriteResult.STORED
+
+
+def test_a_delete_takes_every_stored_response_that_continues_it() -> None:
+    store = MemoryStore(100, 2**40, 3600.0, lambda: 0.0)
+    # r1 <- r2 <- r3, r2 <- fork, and r5 after a store: false turn after r2 (no parent)
+    _chain(store, ("r1", None, None), ("r2", "r1", None), ("r3", "r2", None))
+    _chain(store, ("fork", "r2", None), ("r5", None, "r2"))
+    assert store.delete("r2", "o")
+    assert [rid for rid in ("r1", "r2", "r3", "fork", "r5") if store.get(rid, "o")] == ["r1"]
+    held = b"".join(b"".join(s.entry.items()) for s in store._meta.values())
+    assert b"r2" not in held and held == b'{"said":"r1"}'
+    assert not store.delete("r3", "o")  # gone already
+
+
+def test_what_continues_a_deleted_response_is_not_stored_and_its_id_is_not_reused() -> None:
+    store = MemoryStore(100, 2**40, 3600.0, lambda: 0.0)
+    _chain(store, ("r1", None, None), ("r2", "r1", None))
+    r2 = store.get("r2", "o")
+    assert r2 is not None and store.delete("r1", "o")
+    later = r2.entry.child("r3", None, Segment((b"{}",)), {}, stored=True)
+    assert store.put(StoredResponse(later, b"{}", 1, parent="r2"), "o") is WriteResult.DELETED
+    fresh = CachedResponse("r3", None, linked([Segment((b"{}",))]))
+    whole = StoredResponse(fresh, b"{}", 1, continues="r2")  # written whole, after r2
+    assert store.put(whole, "o") is WriteResult.DELETED
+    again = StoredResponse(CachedResponse("r1", None, None), b"{}", 1)
+    assert store.put(again, "o") is WriteResult.EXISTS
+    assert store.get("r3", "o") is None
+
+
+def test_an_evicted_response_hands_its_descendants_to_its_parent() -> None:
+    clock = [0.0]
+    store = MemoryStore(100, 2**40, 3600.0, lambda: clock[0])
+    _chain(store, ("r1", None, None), ("r2", "r1", None), ("r3", "r2", None))
+    store._cache.evict("o:r2")  # as a bound would let it go
+    assert store.get("r2", "o") is None and store.get("r3", "o") is not None
+    assert store.delete("r1", "o")
+    assert store.get("r3", "o") is None  # reached through the evicted one
+    clock[0] = 3601.0  # the tombstones expire with the TTL: the ids are free again
+    again = StoredResponse(CachedResponse("r1", None, None), b"{}", 1)
+    assert store.put(again, "o") is WriteResult.STORED

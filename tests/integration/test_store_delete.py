@@ -1,0 +1,125 @@
+"""`DELETE /v1/responses/{id}` (docs/store.md "Deleting a response"), on the in-process store
+and on a real Redis alike: when it answers, the deleted turn's text is nowhere in the store
+(every Redis key and value scanned; every entry of the in-process store read), and so is
+every stored response whose history holds it (its descendants, through a `store: false`
+turn too): they answer not-found on every route. What came before it stays. A socket that
+still holds the conversation in its own cache goes on, but what it makes from it is not
+stored again."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+import redis
+from websockets.asyncio.client import ClientConnection, connect
+from wsmode.core import wire
+from wsmode.core.store import MemoryStore
+
+from tests.support.helpers import Proxy, Sim, create, send, until_terminal, user
+from tests.support.redis_server import RedisServer
+
+SECRET = "the launch code is 7-alpha-niner"
+SECRET_INSTRUCTIONS = "For this turn only: the vault opens at dawn. " * 40  # shared (> 1 KB)
+MARK = b"the vault opens at dawn"
+
+
+@pytest.fixture(params=["memory", "redis"])
+def backend(request: pytest.FixtureRequest) -> dict[str, Any]:
+    if request.param == "memory":
+        return {"store__backend": "memory"}
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return {"store__backend": "redis", "store__redis_url": server.url}
+
+
+def everything_in_redis(client: redis.Redis) -> bytes:
+    """Every key of the Redis and every value under it, concatenated."""
+    out: list[bytes] = []
+    for key in client.scan_iter(count=1000):
+        out.append(key)
+        kind = client.type(key)
+        if kind == b"string":
+            out.append(client.get(key) or b"")
+        elif kind == b"hash":
+            for field, value in client.hgetall(key).items():
+                out += (field, value)
+        elif kind == b"set":
+            out.extend(client.smembers(key))
+        else:
+            raise AssertionError(f"a key of type {kind!r}: {key!r}")
+    return b"\n".join(out)
+
+
+def everything_in_memory(proxy: Proxy) -> bytes:
+    store = proxy.state.store
+    assert store is not None
+    memory: MemoryStore = store.store  # type: ignore[attr-defined]
+    out: list[bytes] = []
+    for stored in memory._meta.values():
+        out += (*stored.entry.items(), stored.response, wire.dumps(dict(stored.entry.settings)))
+    return b"\n".join(out)
+
+
+def everything(proxy: Proxy, backend: dict[str, Any]) -> bytes:
+    if backend["store__backend"] == "redis":
+        return everything_in_redis(redis.Redis.from_url(backend["store__redis_url"]))
+    return everything_in_memory(proxy)
+
+
+async def turn(ws: ClientConnection, previous: str | None, text: str, **fields: Any) -> str:
+    if previous:
+        fields["previous_response_id"] = previous
+    await send(ws, create(input=[user(text)], **fields))
+    ev = (await until_terminal(ws))[-1]
+    assert ev["type"] == "response.completed", ev
+    rid: str = ev["response"]["id"]
+    return rid
+
+
+async def http(method: str, url: str) -> int:
+    async with aiohttp.ClientSession() as session, session.request(method, url) as r:
+        await r.read()
+        return r.status
+
+
+async def continued(proxy: Proxy, rid: str) -> dict[str, Any]:
+    async with connect(proxy.ws) as ws:
+        await send(ws, create(previous_response_id=rid, input=[user("and then?")]))
+        return (await until_terminal(ws))[-1]
+
+
+async def test_a_deleted_response_and_what_continues_it_are_gone_from_the_store(
+    sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]], backend: dict[str, Any]
+) -> None:
+    proxy = await proxy_factory(sim.url, **backend)
+    async with connect(proxy.ws) as ws:  # holds the whole conversation in its own cache
+        r1 = await turn(ws, None, "hello")
+        r2 = await turn(ws, r1, SECRET, instructions=SECRET_INSTRUCTIONS)
+        r3 = await turn(ws, r2, "after")
+        fork = await turn(ws, r2, "another way")
+        unstored = await turn(ws, r2, "off the record", store=False)
+        r5 = await turn(ws, unstored, "back on the record")
+        descendants = (r3, fork, r5)
+        held = everything(proxy, backend)
+        assert SECRET.encode() in held and MARK in held
+        assert await http("DELETE", f"{proxy.http}/responses/{r2}") == 200
+        held = everything(proxy, backend)
+        assert SECRET.encode() not in held and MARK not in held
+        for rid in (r2, *descendants):
+            assert await http("GET", f"{proxy.http}/responses/{rid}") == 404
+            assert await http("GET", f"{proxy.http}/responses/{rid}/input_items") == 404
+            ev = await continued(proxy, rid)
+            assert ev["error"]["code"] == "previous_response_not_found", ev
+        assert await http("DELETE", f"{proxy.http}/responses/{r3}") == 404
+        # this socket's own cache still has the conversation: it goes on, unstored
+        r6 = await turn(ws, r3, "still here")
+        assert await http("GET", f"{proxy.http}/responses/{r6}") == 404
+        again = await turn(ws, r2, "once more")
+        assert await http("GET", f"{proxy.http}/responses/{again}") == 404
+        assert SECRET.encode() not in everything(proxy, backend)
+    # what came before it is untouched
+    assert await http("GET", f"{proxy.http}/responses/{r1}") == 200
+    ev = await continued(proxy, r1)
+    assert ev["type"] == "response.completed", ev
