@@ -32,7 +32,7 @@ from tests.support.helpers import (
     serve,
     sidecar_settings,
 )
-from tests.support.llamacpp_server import build_tiny_vocab_model, serve_llamacpp
+from tests.support.llamacpp_server import SLOTS, build_tiny_vocab_model, serve_llamacpp
 from tests.support.redis_server import RedisServer, redis_server_process, start_replica
 
 TESTS = Path(__file__).resolve().parent
@@ -144,6 +144,21 @@ def llamacpp_tiny_vocab() -> Iterator[str]:
     model = build_tiny_vocab_model()
     yield from serve_llamacpp(
         "tiny-vocab", model=model, alias="tiny-vocab", ctx=32768, template_file=None
+    )
+
+
+@pytest.fixture(scope="session")
+def llamacpp_tiny_vocab_slots() -> Iterator[str]:
+    """The base URL (…/v1) of the tiny-vocab model served with two slots (`--parallel 2`,
+    16,384 tokens each), started once per session: each slot keeps its own prompt cache."""
+    model = build_tiny_vocab_model()
+    yield from serve_llamacpp(
+        "tiny-vocab-slots",
+        model=model,
+        alias="tiny-vocab",
+        ctx=32768,
+        parallel=SLOTS,
+        template_file=None,
     )
 
 

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 from aiohttp import web
 from websockets.asyncio.client import ClientConnection, connect
@@ -36,6 +35,8 @@ from tests.support.helpers import (
 )
 from tests.support.redis_server import RedisServer
 from tests.support.token_path import (
+    FIXED_BYTES,
+    MAX_BYTES_PER_ID,
     TEMPLATE,
     FakeLlamaCpp,
     counts,
@@ -45,6 +46,7 @@ from tests.support.token_path import (
     get_json,
     output_text,
     serve_fake,
+    stored_tokens,
     token_record,
     trajectory,
     wait_ready,
@@ -367,21 +369,14 @@ async def test_a_second_wsmode_on_shared_redis_reuses_the_ids(
     assert used["reused"] == len(p4) + len(g4)
     assert used["history_changed"] == used["generation_rerendered"] == used["fingerprint"] == 0
 
-    # what one record holds: its own turn's ids, not the chain's
-    def record(rid: str) -> dict[bytes, bytes]:
-        [key] = [k for k in redis_server.stored_keys() if k.endswith(rid.encode())]
-        return dict(redis_server.client.hgetall(key))
-
-    def own_ids(rec: dict[bytes, bytes]) -> int:
-        turns = orjson.loads(rec[b"m"])["tok"]["t"]
-        return sum(sum(len(ids) for _, ids in t["p"]) + len(t["gi"]) for t in turns)
-
+    # what one record holds: its own turn's ids, not the chain's, at a bounded size per id
+    # (docs/store.md "What it costs")
     p0, g0 = await trajectory(first, chain[0])
     p3, g3 = await trajectory(first, chain[3])
-    one, five = record(chain[0]), record(chain[4])
-    assert own_ids(one) == len(p0) + len(g0)
-    assert own_ids(five) == len(p4) + len(g4) - len(p3) - len(g3)
+    one, five = stored_tokens(redis_server, chain[0]), stored_tokens(redis_server, chain[4])
+    assert one.ids == len(p0) + len(g0)
+    assert five.ids == len(p4) + len(g4) - len(p3) - len(g3)
     assert len(p4) > 4 * len(p0)  # the chain's prompt has grown fivefold by turn 5
-    size_one = sum(len(v) for v in one.values())
-    size_five = sum(len(v) for v in five.values())
-    assert size_five < 2 * size_one, (size_one, size_five)
+    for s in (one, five):
+        assert s.field_bytes <= MAX_BYTES_PER_ID * s.ids + FIXED_BYTES, s
+        assert s.id_bytes <= 7 * s.ids, s

@@ -10,6 +10,8 @@ sliding-window attention, so llama.cpp reuses its whole prompt cache) carrying G
 tokenizer and the `turns-with-tools.jinja` template, built once from the Gemma model into
 `models/tiny-vocab.gguf` by ../shared/upstreams/make_tiny_vocab_gguf.py (which needs `gguf`
 and `numpy`, installed into the cached venv from PyPI when missing).
+`llamacpp_tiny_vocab_slots` serves it again with SLOTS slots (`--parallel`), each with its
+own prompt cache, for the tests that pin conversations to slots (`upstream.llamacpp_slots`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ TINY_VOCAB_MODEL = CACHE / "models" / "tiny-vocab.gguf"
 TEMPLATE_FILE = SHARED_UPSTREAMS / "turns-with-tools.jinja"
 START_TIMEOUT = 180.0  # seconds to install (first run only) is separate; this bounds the start
 TURN_TIMEOUT = 120.0  # one turn on a 2-core machine, prompt processing included
+SLOTS = 2  # `--parallel` of `llamacpp_tiny_vocab_slots`
 
 
 def _installed() -> bool:

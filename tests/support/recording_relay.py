@@ -8,6 +8,12 @@ Point wsmode at `{relay.base}/v1`: its requests (the start-up probe's `/props`, 
 the streamed answer, each event's `tokens` and `content` and the final event's `timings`; for
 `POST /tokenize` it keeps the request JSON. Everything else is forwarded without a record.
 
+A test can hold a `/completion` stream mid-way (`hold_after`: after that many events the
+relay forwards nothing more until `release` is set; `held` says it got there), so that it
+steers or cancels a response llama.cpp is still generating. A client that leaves a stream
+(wsmode cancelling its request) ends the relay's request to the server too, as it would end
+a direct one: llama.cpp then stops generating (`Completion.left`).
+
 The relay changes nothing: method, path, query and body go out as they came (headers minus
 the hop-by-hop ones, RFC 9110 7.6.1, and the Host and Content-Length the client library
 sets itself), and the answer's status, headers (minus hop-by-hop) and bytes come back as the
@@ -16,6 +22,7 @@ server sent them, chunk by chunk, so streaming stays streaming.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -56,6 +63,11 @@ class Completion:
     tokens: list[int] = field(default_factory=list)  # every streamed event's `tokens`, joined
     content: str = ""  # every streamed event's `content`, joined: the generated text
     timings: dict[str, Any] | None = None  # the final event's (`stop: true`)
+    slot: int | None = None  # the final event's `id_slot`: the slot that served it
+    # each streamed token's log probability (`completion_probabilities`, with `n_probs`)
+    logprobs: list[float] = field(default_factory=list)
+    events: int = 0  # streamed events with ids
+    left: bool = False  # the client left before the answer's end
     status: int = 0
 
     @property
@@ -79,6 +91,9 @@ class RecordingRelay:
     def __init__(self, target: str) -> None:
         self.target = target.rstrip("/")
         self.recording = Recording()
+        self.hold_after: int | None = None
+        self.held = asyncio.Event()
+        self.release = asyncio.Event()
         self._served: Served | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -92,9 +107,21 @@ class RecordingRelay:
         self._session = aiohttp.ClientSession(auto_decompress=False)
         app = web.Application(client_max_size=1 << 30)
         app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._served = await serve(app)
+        # a client that leaves cancels the handler, which ends the request to the server
+        self._served = await serve(app, handler_cancellation=True)
+
+    def hold(self, events: int) -> None:
+        """Hold the next `/completion` streams after `events` events, until `let_go`."""
+        self.held.clear()
+        self.release.clear()
+        self.hold_after = events
+
+    def let_go(self) -> None:
+        self.hold_after = None
+        self.release.set()
 
     async def close(self) -> None:
+        self.let_go()
         if self._served is not None:
             await self._served.runner.cleanup()
         if self._session is not None:
@@ -111,6 +138,17 @@ class RecordingRelay:
         elif request.method == "POST" and path == "/completion":
             record = Completion(orjson.loads(body))
             self.recording.completions.append(record)
+        try:
+            return await self._relay(request, body, record)
+        except asyncio.CancelledError:
+            if record is not None:
+                record.left = True
+            raise
+
+    async def _relay(
+        self, request: web.Request, body: bytes, record: Completion | None
+    ) -> web.StreamResponse:
+        assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
         url = self.target + str(request.rel_url)  # path and query, as they came
         async with self._session.request(
@@ -131,6 +169,9 @@ class RecordingRelay:
                 if stream:
                     for event in decoder.feed(chunk):
                         _record_event(record, event.data)
+                    if self.hold_after is not None and record.events >= self.hold_after:
+                        self.held.set()
+                        await self.release.wait()
                 else:
                     whole += chunk
             if record is not None:
@@ -154,11 +195,17 @@ def _record_event(record: Completion, data: bytes) -> None:
     tokens = doc.get("tokens")
     if isinstance(tokens, list):
         record.tokens.extend(tokens)
+        record.events += 1 if tokens else 0
+    for prob in doc.get("completion_probabilities") or ():
+        if isinstance(prob, dict) and isinstance(prob.get("logprob"), int | float):
+            record.logprobs.append(float(prob["logprob"]))
     content = doc.get("content")
     if isinstance(content, str):
         record.content += content
     if doc.get("stop") is True and isinstance(doc.get("timings"), dict):
         record.timings = doc["timings"]
+        slot = doc.get("id_slot")
+        record.slot = slot if isinstance(slot, int) else None
 
 
 @contextlib.asynccontextmanager

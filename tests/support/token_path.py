@@ -30,6 +30,7 @@ from tests.support.helpers import (
     until,
     until_terminal,
 )
+from tests.support.redis_server import RedisServer
 
 TEMPLATE = str(TEMPLATE_PATH)  # the sim's chat template, for engines that report none
 REASONS = ("fingerprint", "history_changed", "generation_rerendered", "parent_without_ids")
@@ -132,6 +133,49 @@ async def ws_turn(ws: ClientConnection, **fields: Any) -> list[dict[str, Any]]:
     """One create and its events up to the terminal one."""
     await send(ws, create(**fields))
     return await until_terminal(ws)
+
+
+# ------------------------------------------------------------------ stored records (Redis)
+
+
+# The bound docs/store.md states for a record's token field: per id it holds, its JSON (up
+# to 7 bytes on a 262,144-id vocabulary: six digits and a comma) and the text beside it,
+# plus a fixed part per turn (the fingerprint, the keys); measured on Gemma 3's vocabulary,
+# about 12 bytes per id and 110 fixed
+MAX_BYTES_PER_ID = 16
+FIXED_BYTES = 320
+
+
+@dataclass(frozen=True)
+class StoredTokens:
+    """The token field of one response's Redis record (`m.tok`, docs/store.md)."""
+
+    ids: int  # the ids it holds: its own turns' prompt and generated ids
+    id_bytes: int  # of those, the ids' JSON (the digits and commas of each array)
+    text_bytes: int  # the texts beside them (each prompt segment's and the generation's)
+    field_bytes: int  # the whole `tok` entry of `m` as stored, key included
+    record_memory: int  # the whole record's `MEMORY USAGE` in Redis
+
+    @property
+    def bytes_per_id(self) -> float:
+        return self.field_bytes / self.ids
+
+
+def stored_tokens(server: RedisServer, rid: str) -> StoredTokens:
+    """What the Redis record of response `rid` holds in its token field."""
+    [key] = [k for k in server.stored_keys() if k.endswith(rid.encode())]
+    meta = orjson.loads(server.client.hget(key, "m") or b"{}")
+    tok = meta["tok"]
+    ids = id_bytes = text_bytes = 0
+    for turn in tok["t"]:
+        for text, seg in turn["p"]:
+            ids, id_bytes = ids + len(seg), id_bytes + len(orjson.dumps(seg))
+            text_bytes += len(orjson.dumps(text))
+        ids, id_bytes = ids + len(turn["gi"]), id_bytes + len(orjson.dumps(turn["gi"]))
+        text_bytes += len(orjson.dumps(turn["gt"]))
+    memory = server.client.memory_usage(key, samples=0)
+    field = len(b',"tok":') + len(orjson.dumps(tok))
+    return StoredTokens(ids, id_bytes, text_bytes, field, int(memory or 0))
 
 
 # ------------------------------------------------------------------ a controllable llama.cpp

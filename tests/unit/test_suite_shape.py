@@ -69,6 +69,7 @@ PROCESS_FIXTURES = {
     "llamacpp",
     "llamacpp_pair",
     "llamacpp_tiny_vocab",
+    "llamacpp_tiny_vocab_slots",
     "redis_server",
     "redis_session_server",
     "replicas",

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 from wsmode.config import ConfigError
-from wsmode.core.tokens.template import ChatTemplate, TemplateFailed, object_arguments
+from wsmode.core.tokens.template import (
+    ChatTemplate,
+    TemplateFailed,
+    object_arguments,
+    template_tools,
+)
 
 from tests.support.helpers import proxy_settings
 
@@ -65,6 +70,28 @@ def test_tool_call_arguments_go_to_the_template_as_objects() -> None:
     assert calls[1]["function"]["arguments"] == "not json"  # left as it was
     text = ChatTemplate(TEMPLATE, name="t").render(out)
     assert '{"name": "f", "arguments": {"city": "Paris"}}' in text
+
+
+def test_tools_go_to_the_template_as_llamacpp_hands_them() -> None:
+    """llama.cpp's own rendering (`/apply-template`, seen on its server) prints a function
+    tool's name, description and parameters, in that order, "" and {} for the missing ones,
+    and leaves `strict` out: the token path's text must be the same."""
+    tools = [
+        {
+            "type": "function",
+            "function": {"parameters": {"type": "object"}, "name": "a", "strict": False},
+        },
+        {"type": "function", "function": {"name": "b", "description": "d"}},
+    ]
+    text = ChatTemplate(TEMPLATE, name="t").render(
+        [{"role": "user", "content": "hi"}], template_tools(tools)
+    )
+    assert (
+        '{"type": "function", "function": {"name": "a", "description": "", '
+        '"parameters": {"type": "object"}}}\n'
+        '{"type": "function", "function": {"name": "b", "description": "d", "parameters": {}}}'
+    ) in text
+    assert template_tools(None) is None
 
 
 def test_the_token_settings_are_checked() -> None:

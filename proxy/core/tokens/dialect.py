@@ -56,7 +56,7 @@ from .parsers import (
     ReasoningPiece,
     TextPiece,
 )
-from .template import ChatTemplate, object_arguments
+from .template import ChatTemplate, object_arguments, template_tools
 
 log = logging.getLogger("wsmode.tokens")
 
@@ -387,7 +387,7 @@ class TokenDialect:
                 instructions if isinstance(instructions, str) else None,
             )
         ]
-        tools = head.get("tools")
+        tools = template_tools(head.get("tools"))
         text = setup.template.render(object_arguments(msgs), tools)
         print_ = fingerprint(setup, settings)
         if parent is not None and parent.tokens is None:  # made on another path

@@ -174,4 +174,27 @@ def object_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return messages
 
 
-__all__ = ["ChatTemplate", "TemplateFailed", "object_arguments"]
+def template_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Function tools as llama.cpp hands them to a template: `name`, `description` ("" when
+    missing) and `parameters` ({} when missing), in that order, and nothing else (`strict`
+    is left out), so that `tool | tojson` prints what the server's own rendering prints.
+    Anything not shaped as a function tool is passed as it is."""
+    if not tools:
+        return None
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        fn = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(fn, Mapping) or "name" not in fn:
+            out.append(dict(tool))
+            continue
+        params = fn.get("parameters")
+        function = {
+            "name": fn["name"],
+            "description": fn.get("description") or "",
+            "parameters": params if params is not None else {},
+        }
+        out.append({"type": "function", "function": function})
+    return out
+
+
+__all__ = ["ChatTemplate", "TemplateFailed", "object_arguments", "template_tools"]
