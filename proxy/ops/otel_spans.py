@@ -30,6 +30,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from ..core.actions import Finished, Outcome, RunCreated, StartUpstream
 from ..core.errors import UpstreamError
 from ..core.urls import redact_url
+from ..telemetry.context import message_headers
 from ..telemetry.settings import TelemetrySettings
 from .console_feed import input_texts, output_texts
 
@@ -70,14 +71,14 @@ def finish_reasons(outcome: Outcome, response: Mapping[str, Any] | None) -> list
 class Tracing:
     """One app's tracer provider, its batch exporter and its tracer."""
 
-    def __init__(self, settings: TelemetrySettings) -> None:
+    def __init__(self, settings: TelemetrySettings, service: str = "wsmode") -> None:
         self.settings = settings
         # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; the provider
         # reads OTEL_TRACES_SAMPLER(_ARG); the exporter, without an endpoint, the
         # OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT and _HEADERS variables
         resource = Resource.create()
         if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
-            resource = resource.merge(Resource({"service.name": "wsmode"}))  # nobody named it
+            resource = resource.merge(Resource({"service.name": service}))  # nobody named it
         self.provider = TracerProvider(resource=resource)
         exporter = OTLPSpanExporter(endpoint=settings.endpoint or None)
         # bounded: a full queue drops new spans (and says so once) instead of waiting
@@ -114,6 +115,9 @@ class ClientTracing:
         """A turn's span, started when its client message arrived (`received`, on `clock`)."""
         offset = time.time_ns() - int(clock() * 1e9)  # the monotonic clock, as wall time
         model = action.model or ""
+        # a message's own trace context (in its client_metadata) wins over the handshake's
+        headers = message_headers(action.client_metadata)
+        parent = self.parent if headers is None else PROPAGATOR.extract(headers)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": OPERATION,
             "gen_ai.provider.name": self.provider_name,
@@ -125,7 +129,7 @@ class ClientTracing:
             attributes["wsmode.lane"] = action.lane
         span = self.tracing.tracer.start_span(
             f"{OPERATION} {model}".rstrip(),
-            context=self.parent,
+            context=parent,
             kind=SpanKind.SERVER,
             attributes=attributes,
             start_time=offset + int(received * 1e9),
