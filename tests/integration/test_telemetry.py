@@ -94,6 +94,34 @@ async def test_websocket_turns_are_traced(
     assert otlp.resources[0]["service.name"] == "wsmode"
 
 
+async def test_a_message_s_own_trace_context_wins_over_the_handshake_s(
+    otlp: Received, sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]], openai_client: Any
+) -> None:
+    """A WebSocket message has no headers: a turn may name its own parent in its
+    `client_metadata` (Codex's keys, as the sidecar sends them); a turn without one is the
+    handshake's child. Either way the model server gets none of the metadata."""
+    proxy = await proxy_factory(sim.url, telemetry__enabled=True, telemetry__endpoint=otlp.url)
+    client = openai_client(proxy.http, api_key="sk-test")
+    own = "1111111111111111"
+    metadata = {
+        "ws_request_header_traceparent": f"00-{'ab' * 16}-{own}-01",
+        "ws_request_header_tracestate": "vendor=x",
+        "session": "kept for the client",
+    }
+    async with client.responses.connect(extra_headers={"traceparent": TRACEPARENT}) as conn:
+        for extra in ({"client_metadata": metadata}, {}):  # the SDK's create has no such field
+            create = {"type": "response.create", "model": "sim", "input": "hi", "store": False}
+            await conn.send({**create, **extra})
+            assert (await sdk_terminal(conn)).type == "response.completed"
+    first, second = sorted(await exported(proxy, otlp, 2), key=lambda s: s.start_time_unix_nano)
+    assert (first.trace_id.hex(), first.parent_span_id.hex()) == ("ab" * 16, own)
+    assert first.trace_state == "vendor=x"
+    assert (second.trace_id.hex(), second.parent_span_id.hex()) == (TRACE_ID, PARENT_ID)
+    assert all("client_metadata" not in body for body in sim.bodies())
+    handed = sim.state.requests[0]["headers"]
+    assert {k.lower(): v for k, v in handed.items()}["traceparent"].split("-")[1] == "ab" * 16
+
+
 async def test_http_turn_traced_from_the_standard_variables(
     otlp: Received,
     sim: Sim,
