@@ -107,11 +107,15 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         body = None
     turn = Turn(request, raw, body if isinstance(body, dict) else None, state.console, state.count)
     answer: web.StreamResponse | None = None
+    error: BaseException | None = None
     try:
         answer = await _carry(request, state, raw, turn)
         return answer
+    except BaseException as exc:
+        error = exc
+        raise
     finally:
-        turn.finish(answer)
+        turn.finish(answer, error)
 
 
 async def _carry(

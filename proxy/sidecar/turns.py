@@ -9,6 +9,7 @@ errors (the middleware sees only the 200), and ends the turn's span (tracing on)
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..ops.console_feed import ConsoleFeed
+from ..ops.middleware import CLIENT_CLOSED
 from ..ops.telemetry import sidecar_turn
 from . import console
 from .chains import Plan
@@ -45,10 +47,11 @@ class Turn:
         model = self.body.get("model") if self.body is not None else None
         self.span = sidecar_turn(self.request, model if isinstance(model, str) else None)
 
-    def finish(self, answer: web.StreamResponse | None) -> None:
-        """The turn is over: `answer` is what the client got (None: it left, or it failed
-        with an exception the middleware answers)."""
-        status = answer.status if answer is not None else 500
+    def finish(self, answer: web.StreamResponse | None, error: BaseException | None) -> None:
+        """The turn is over: `answer` is what the client got, or `error` what ended it (the
+        client left, or an exception the middleware answers)."""
+        left = isinstance(error, (ConnectionError, asyncio.CancelledError))
+        status = answer.status if answer is not None else CLIENT_CLOSED if left else 500
         ex = self.exchange
         if self.over_http or ex is None:
             via, outcome, sent = "http", "relayed" if status < 400 else "error", len(self.raw)
@@ -60,8 +63,9 @@ class Turn:
             via, outcome, sent = "delta" if relay.delta else "full", ex.done.outcome, ex.sent_bytes
             response_id, output, response = relay.response_id, relay.output, relay.response
             failure = relay.failure if outcome in FAILED else None
-        else:  # the client left before the answer was complete
-            via, outcome, sent = "delta" if ex.relay.delta else "full", "client_left", ex.sent_bytes
+        else:  # the client left before the answer was complete, or the turn broke
+            via, sent = "delta" if ex.relay.delta else "full", ex.sent_bytes
+            outcome = "client_left" if left else "error"
             response_id, output, response, failure = None, [], None, None
         if self.span is not None:
             self.span.finish(
