@@ -365,7 +365,7 @@ def soak(
     "scenarios",
     nargs=-1,
     type=click.Choice(
-        ["agent-loop", "overhead", "relay", "scale", "fairness", "affinity", "tokens"]
+        ["agent-loop", "overhead", "relay", "scale", "fairness", "affinity", "tokens", "tracing"]
     ),
 )
 @click.option("--quick", is_flag=True, help="Every target, with a shorter profile.")
@@ -402,8 +402,8 @@ def bench(
     png_path: str,
     llamacpp_model: str | None,
 ) -> None:
-    """Benchmarks: agent-loop, overhead, relay, scale, fairness, affinity, tokens (all when
-    none is named)."""
+    """Benchmarks: agent-loop, overhead, relay, scale, fairness, affinity, tokens, tracing (all
+    when none is named)."""
     import asyncio
     from pathlib import Path
 

@@ -33,6 +33,7 @@ from tests.support.helpers import (
     sidecar_settings,
 )
 from tests.support.llamacpp_server import SLOTS, build_tiny_vocab_model, serve_llamacpp
+from tests.support.otlp import Received
 from tests.support.redis_server import RedisServer, redis_server_process, start_replica
 
 TESTS = Path(__file__).resolve().parent
@@ -128,6 +129,17 @@ async def sidecar_factory() -> AsyncIterator[Callable[..., Awaitable[Sidecar]]]:
     yield make
     for s in reversed(started):
         await s.runner.cleanup()
+
+
+@pytest.fixture
+async def otlp() -> AsyncIterator[Received]:
+    """An OTLP/HTTP trace receiver on 127.0.0.1 (tests/support/otlp.py): its `url` is the
+    full traces endpoint (…/v1/traces)."""
+    got = Received()
+    served = await serve(got.app())
+    got.url = f"{served.base}/v1/traces"
+    yield got
+    await served.runner.cleanup()
 
 
 @pytest.fixture(scope="session")

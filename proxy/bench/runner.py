@@ -13,14 +13,34 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import affinity, agent, fairness, overhead, relay, report, scale, tokens, tokens_report
+from . import (
+    affinity,
+    agent,
+    fairness,
+    overhead,
+    relay,
+    report,
+    scale,
+    tokens,
+    tokens_report,
+    tracing,
+)
 from .affinity import AffinityProfile
 from .agent import AgentProfile, Cell
 from .link import NetemNamespace, probe_netem
 from .procs import BenchError
 from .relay import RelayPlan
 
-SCENARIOS = ("agent-loop", "overhead", "relay", "scale", "fairness", "affinity", "tokens")
+SCENARIOS = (
+    "agent-loop",
+    "overhead",
+    "relay",
+    "scale",
+    "fairness",
+    "affinity",
+    "tokens",
+    "tracing",
+)
 KIB = 1024
 
 
@@ -45,6 +65,7 @@ class Plan:
     rounds: int = 5  # overhead: the samples cut into this many rounds, one ratio each
     affinity: AffinityProfile = affinity.DEFAULT  # conversations over upstream replicas
     tokens: tokens.TokensProfile = tokens.DEFAULT  # the token path vs the chat path
+    tracing: tracing.TracingProfile = tracing.DEFAULT  # tracing on and off
 
     def cells(self) -> list[Cell]:
         out = [Cell(*self.main, self.main_reps)]
@@ -79,6 +100,7 @@ QUICK = Plan(
     rounds=4,
     affinity=affinity.QUICK,
     tokens=tokens.QUICK,
+    tracing=tracing.QUICK,
 )
 SMOKE = Plan(  # the end-to-end test: every scenario, as small as it gets
     "smoke",
@@ -107,6 +129,7 @@ SMOKE = Plan(  # the end-to-end test: every scenario, as small as it gets
     rounds=2,
     affinity=affinity.SMOKE,
     tokens=tokens.SMOKE,
+    tracing=tracing.SMOKE,
 )
 PLANS = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 
@@ -153,6 +176,10 @@ def _method(plan: Plan, link: str, relay_loop: str) -> dict[str, Any]:
         "tokens": "upstream.api chat and tokens, each its own wsmode and upstream; the same "
         "conversations (a long first turn, short continuations over WebSocket mode), sizes and "
         "paths interleaved; medians per continuation turn (docs/bench-tokens.md)",
+        "tracing": "three wsmode processes over one simulated model that answers at once: "
+        "tracing off twice, tracing on (every turn, OTLP/HTTP to a receiver in the bench process "
+        f"that counts and discards); turns interleaved, {plan.tracing.rounds} rounds, ratios on / "
+        "off and off / off (the noise)",
         "speed_ratio": "HTTP direct time / WebSocket-mode time (1.40x = 40% faster; "
         "time saved = 1 - 1/ratio)",
     }
@@ -270,6 +297,8 @@ async def run(
             results[name] = await affinity.run(plan.affinity, log)
         elif name == "tokens":
             results[name] = await tokens.run(plan.tokens, log, llamacpp_model)
+        elif name == "tracing":
+            results[name] = await tracing.run(plan.tracing, log)
         log(f"  ({time.monotonic() - t0:.0f} s)")
         _progress(f"{name} done in {time.monotonic() - t0:.0f} s; {_count(cells_left)} left")
     results["method"] = _method(plan, link_method, relay_loop)
@@ -280,13 +309,17 @@ async def run(
         f" on {os.cpu_count()} CPUs"
         + (" (busy machine: throughput and p99 figures are noisy)" if max(load) > 1.0 else "")
     )
-    results["targets"] = report.targets(results) + tokens_report.targets(results)
+    results["targets"] = (
+        report.targets(results) + tokens_report.targets(results) + tracing.targets(results)
+    )
     results["elapsed_s"] = round(time.monotonic() - started, 1)
     print("\nmethod")
     for key, value in results["method"].items():
         print(f"  {key}: {value}")
     if "tokens" in results:
         print(tokens_report.table(results["tokens"]))
+    if "tracing" in results:
+        print(tracing.table(results["tracing"]))
     print(report.table(results))
     print("\nREADME table (markdown)\n" + report.markdown(results))
     if json_path is not None:

@@ -85,6 +85,9 @@ class RunCreated:
     previous_response_id: str | None = field(default=None, compare=False)
     input: tuple[bytes, ...] = field(default=(), compare=False)
     model: str | None = field(default=None, compare=False)  # the request's (for tracing)
+    # the create's `client_metadata` (the client's own, never sent upstream): where a client
+    # puts its trace context per message (docs/telemetry.md)
+    client_metadata: dict[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

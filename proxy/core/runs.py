@@ -144,7 +144,15 @@ class Run:
     def created(self) -> RunCreated:
         """The action that says it exists: its lane, parent and new input (for the console)."""
         req = self.req
-        return RunCreated(self.id, req.lane, req.previous_response_id, req.input_items, req.model)
+        metadata = req.body.get("client_metadata")
+        return RunCreated(
+            self.id,
+            req.lane,
+            req.previous_response_id,
+            req.input_items,
+            req.model,
+            metadata if isinstance(metadata, dict) else None,
+        )
 
     def move(self, new: RunState) -> None:
         """The one way a run changes state (called once per change, never per event)."""

@@ -30,6 +30,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from ..core.actions import Finished, Outcome, RunCreated, StartUpstream
 from ..core.errors import UpstreamError
 from ..core.urls import redact_url
+from ..telemetry.context import message_headers
 from ..telemetry.settings import TelemetrySettings
 from .console_feed import input_texts, output_texts
 
@@ -70,14 +71,14 @@ def finish_reasons(outcome: Outcome, response: Mapping[str, Any] | None) -> list
 class Tracing:
     """One app's tracer provider, its batch exporter and its tracer."""
 
-    def __init__(self, settings: TelemetrySettings) -> None:
+    def __init__(self, settings: TelemetrySettings, service: str = "wsmode") -> None:
         self.settings = settings
         # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; the provider
         # reads OTEL_TRACES_SAMPLER(_ARG); the exporter, without an endpoint, the
         # OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT and _HEADERS variables
         resource = Resource.create()
         if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
-            resource = resource.merge(Resource({"service.name": "wsmode"}))  # nobody named it
+            resource = resource.merge(Resource({"service.name": service}))  # nobody named it
         self.provider = TracerProvider(resource=resource)
         exporter = OTLPSpanExporter(endpoint=settings.endpoint or None)
         # bounded: a full queue drops new spans (and says so once) instead of waiting
@@ -114,6 +115,9 @@ class ClientTracing:
         """A turn's span, started when its client message arrived (`received`, on `clock`)."""
         offset = time.time_ns() - int(clock() * 1e9)  # the monotonic clock, as wall time
         model = action.model or ""
+        # a message's own trace context (in its client_metadata) wins over the handshake's
+        headers = message_headers(action.client_metadata)
+        parent = self.parent if headers is None else PROPAGATOR.extract(headers)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": OPERATION,
             "gen_ai.provider.name": self.provider_name,
@@ -125,7 +129,7 @@ class ClientTracing:
             attributes["wsmode.lane"] = action.lane
         span = self.tracing.tracer.start_span(
             f"{OPERATION} {model}".rstrip(),
-            context=self.parent,
+            context=parent,
             kind=SpanKind.SERVER,
             attributes=attributes,
             start_time=offset + int(received * 1e9),
@@ -204,28 +208,10 @@ class TurnSpan:
     ) -> None:
         span = self.span
         model = action.model or self.created.model
-        if model:
-            span.set_attribute("gen_ai.response.model", model)
-            if not self.created.model:
-                span.set_attribute("gen_ai.request.model", model)
-            span.update_name(f"{OPERATION} {self.created.model or model}")
-        if action.response_id:
-            span.set_attribute("gen_ai.response.id", action.response_id)
-        usage = action.usage or {}
-        for key, name in (
-            ("input_tokens", "gen_ai.usage.input_tokens"),
-            ("output_tokens", "gen_ai.usage.output_tokens"),
-        ):
-            value = usage.get(key)
-            if type(value) is int:
-                span.set_attribute(name, value)
-        if action.cached_tokens is not None:
-            span.set_attribute("gen_ai.usage.cache_read.input_tokens", action.cached_tokens)
-        span.set_attribute(
-            "gen_ai.response.finish_reasons", finish_reasons(action.outcome, action.response)
-        )
         outcome = action.outcome.value
+        # one call for all of them: each set_attribute takes the span's lock
         attributes: dict[str, Any] = {
+            "gen_ai.response.finish_reasons": finish_reasons(action.outcome, action.response),
             "wsmode.outcome": outcome,
             "wsmode.client_bytes": client_bytes,
             "wsmode.upstream_bytes": upstream_bytes,
@@ -233,24 +219,39 @@ class TurnSpan:
             # what the client did not send: the history the proxy replayed for it
             "wsmode.bytes_saved": max(0, upstream_bytes - client_bytes),
         }
+        if model:
+            attributes["gen_ai.response.model"] = model
+            if not self.created.model:
+                attributes["gen_ai.request.model"] = model
+                span.update_name(f"{OPERATION} {model}")
+        if action.response_id:
+            attributes["gen_ai.response.id"] = action.response_id
+        usage = action.usage or {}
+        for key, name in (
+            ("input_tokens", "gen_ai.usage.input_tokens"),
+            ("output_tokens", "gen_ai.usage.output_tokens"),
+        ):
+            value = usage.get(key)
+            if type(value) is int:
+                attributes[name] = value
+        if action.cached_tokens is not None:
+            attributes["gen_ai.usage.cache_read.input_tokens"] = action.cached_tokens
         if action.replica is not None:
             attributes["wsmode.replica"] = action.replica
         if action.refused is not None:
             attributes["wsmode.refused"] = action.refused
-        span.set_attributes(attributes)
         if upstream_start is not None and upstream_first is not None:
-            span.set_attribute("wsmode.time_to_first_chunk", upstream_first - upstream_start)
+            attributes["wsmode.time_to_first_chunk"] = upstream_first - upstream_start
             span.add_event("first_chunk", timestamp=self.offset + int(upstream_first * 1e9))
         if action.outcome in (Outcome.FAILED, Outcome.REJECTED):
             err = action.error
-            span.set_attribute(
-                "error.type", (err.code if err else None) or action.refused or outcome
-            )
+            attributes["error.type"] = (err.code if err else None) or action.refused or outcome
             if action.outcome is Outcome.FAILED:
                 span.set_status(Status(StatusCode.ERROR, err.message if err else None))
         if self.client.tracing.settings.record_content:
-            span.set_attribute("gen_ai.input.messages", json.dumps(input_texts(self.created.input)))
-            span.set_attribute("gen_ai.output.messages", json.dumps(output_texts(action.response)))
+            attributes["gen_ai.input.messages"] = json.dumps(input_texts(self.created.input))
+            attributes["gen_ai.output.messages"] = json.dumps(output_texts(action.response))
+        span.set_attributes(attributes)
         span.end(self.offset + int(end * 1e9))
 
 
@@ -270,22 +271,34 @@ class SummarySpan:
         self.span.set_attribute("wsmode.affinity", outcome)
 
 
+_URLS: dict[str, dict[str, Any]] = {}  # each upstream URL's span attributes, made once
+
+
+def url_attributes(url: str) -> dict[str, Any]:
+    """The HTTP client attributes of a request to `url` (bounded: replicas come and go)."""
+    attributes = _URLS.get(url)
+    if attributes is None:
+        parts = urlsplit(url)
+        attributes = {"url.full": full_url(url)}
+        if parts.hostname:
+            attributes["server.address"] = parts.hostname
+        attributes["server.port"] = parts.port or (443 if parts.scheme == "https" else 80)
+        if len(_URLS) >= 256:
+            _URLS.clear()
+        _URLS[url] = attributes
+    return attributes
+
+
 def http_span(
     parent: Span, tracing: Tracing, method: str, url: str, headers: MutableMapping[str, str]
 ) -> HttpRequestSpan:
     """The span of one upstream request (HTTP client conventions), its context written into
     `headers` as `traceparent` (and `tracestate`)."""
-    parts = urlsplit(url)
-    attributes: dict[str, Any] = {"http.request.method": method, "url.full": full_url(url)}
-    if parts.hostname:
-        attributes["server.address"] = parts.hostname
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    attributes["server.port"] = port
     span = tracing.tracer.start_span(
         method,
         context=trace.set_span_in_context(parent),
         kind=SpanKind.CLIENT,
-        attributes=attributes,
+        attributes={"http.request.method": method, **url_attributes(url)},
     )
     PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
     return HttpRequestSpan(span)

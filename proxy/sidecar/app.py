@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from multidict import CIMultiDict
 
 from ..config import Settings, UpstreamSettings
 from ..core import wire
@@ -29,6 +29,8 @@ from ..ops.bodies import read_body
 from ..ops.console_feed import ConsoleFeed
 from ..ops.middleware import CLIENT_CLOSED, client_left
 from ..ops.origin import SitePolicy, install_site_policy
+from ..ops.telemetry import install as install_tracing
+from ..ops.telemetry import message_context
 from ..upstream.client import UpstreamClient
 from ..upstream.passthrough import relay_http
 from . import console
@@ -36,6 +38,7 @@ from .chains import ChainMemory
 from .exchange import Exchange, UseHttp
 from .ops import SidecarMetrics, guard, metrics_route
 from .pool import SocketPool
+from .turns import Turn
 
 log = logging.getLogger("wsmode.sidecar")
 
@@ -67,7 +70,12 @@ class SidecarState:
     memory: ChainMemory
     stats: Counter[str] = field(default_factory=Counter)
     console: ConsoleFeed | None = None  # the console's feed, when it is on (console.py)
-    turns: int = 0  # POST /v1/responses carried on a socket, numbered for the console
+    turns: int = 0  # POST /v1/responses shown on the console, numbered
+
+    def count(self) -> int:
+        """The next turn's number on the console."""
+        self.turns += 1
+        return self.turns
 
 
 SIDECAR = web.AppKey("wsmode_sidecar", SidecarState)
@@ -97,17 +105,34 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         body = wire.loads(raw)
     except wire.JSONDecodeError:
         body = None
+    turn = Turn(request, raw, body if isinstance(body, dict) else None, state.console, state.count)
+    answer: web.StreamResponse | None = None
+    error: BaseException | None = None
+    try:
+        answer = await _carry(request, state, raw, turn)
+        return answer
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        turn.finish(answer, error)
+
+
+async def _carry(
+    request: web.Request, state: SidecarState, raw: bytes, turn: Turn
+) -> web.StreamResponse:
+    body = turn.body
     # what WebSocket mode cannot carry goes as it is, and the upstream answers in its own words
-    if not isinstance(body, dict) or body.get("background") is True:
-        return await _over_http(request, state, raw, "not a WebSocket-mode request")
+    if body is None or body.get("background") is True:
+        return await _over_http(request, state, raw, "not a WebSocket-mode request", turn)
     if state.pool.websocket_refused():
-        return await _over_http(request, state, raw, "upstream refuses WebSocket mode")
+        return await _over_http(request, state, raw, "upstream refuses WebSocket mode", turn)
     cred, upgrade_headers = credential(request.headers)
     try:
-        plan = state.memory.plan(cred, body)  # hashes the items: writes them once
+        plan = turn.plan = state.memory.plan(cred, body)  # hashes the items: writes them once
     except wire.JSONEncodeError:  # nested too deeply to write: the upstream says so
-        return await _over_http(request, state, raw, "nested too deeply for a message")
-    exchange = Exchange(
+        return await _over_http(request, state, raw, "nested too deeply for a message", turn)
+    exchange = turn.exchange = Exchange(
         request=request,
         pool=state.pool,
         memory=state.memory,
@@ -116,34 +141,18 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         upgrade_headers=upgrade_headers,
         read_timeout=state.settings.sidecar.read_timeout,
         stats=state.stats,
+        span=turn.span,
+        # tracing off: the client's own trace context goes on, as plain HTTP would carry it
+        trace_context=message_context(request.headers) if turn.span is None else {},
     )
-    began = time.monotonic()
     try:
-        answer = await exchange.run()
+        return await exchange.run()
     except UseHttp as exc:
-        return await _over_http(request, state, raw, str(exc))
+        return await _over_http(request, state, raw, str(exc), turn)
     except ConnectionResetError:  # the client left mid-stream; its upstream socket is closed
         if exchange.response is None:
             raise
         return exchange.response
-    if state.console is not None and exchange.done is not None:
-        state.turns += 1
-        relay = exchange.relay
-        state.console.publish(
-            console.turn(
-                state.console,
-                state.turns,
-                plan,
-                "delta" if relay.delta else "full",
-                len(raw),
-                exchange.sent_bytes,
-                exchange.done.outcome,
-                relay.response_id,
-                relay.output,
-                time.monotonic() - began,
-            )
-        )
-    return answer
 
 
 @web.middleware
@@ -163,11 +172,30 @@ async def _client_leaving(request: web.Request, handler: Handler) -> web.StreamR
 
 
 async def _over_http(
-    request: web.Request, state: SidecarState, raw: bytes, why: str
+    request: web.Request, state: SidecarState, raw: bytes, why: str, turn: Turn
 ) -> web.StreamResponse:
     log.info("POST /v1/responses over plain HTTP: %s", why)
     state.stats["http"] += 1
-    return await relay_http(request, state.http, raw)
+    turn.over_http = True
+    if turn.span is None:
+        return await relay_http(request, state.http, raw)
+    # traced: the request is the turn's child, and its context the upstream's parent
+    headers = CIMultiDict(request.headers)
+    for name in ("traceparent", "tracestate"):
+        headers.popall(name, None)
+    carrier: dict[str, str] = {}
+    span = turn.span.over_http(state.http.base_url + "/responses", carrier)
+    headers.update(carrier)
+    error: BaseException | None = None
+    try:
+        answer = await relay_http(request, state.http, raw, headers=headers)
+        span.answered(answer.status)
+        return answer
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        span.end(error)
 
 
 async def _other(request: web.Request) -> web.StreamResponse:
@@ -224,6 +252,8 @@ def create_sidecar_app(settings: Settings) -> web.Application:
         app, settings, auth is not None, lambda: _status(state)
     )
     app.middlewares.append(guard(auth, metrics, sc.api_key, open_paths, state.console))
+    # traces of its turns, when on (docs/telemetry.md "The sidecar")
+    install_tracing(app, settings.telemetry, service="wsmode-sidecar")
     if settings.server.metrics:
         app.router.add_get("/metrics", metrics_route(metrics))
     app.router.add_get("/healthz", _healthz)

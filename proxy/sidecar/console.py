@@ -8,8 +8,11 @@ panels: the sidecar itself (its upstream, its pooled WebSockets, the chains it r
 the conversations, and the recent errors. Each `POST /v1/responses` is one turn: the bytes
 the HTTP client sent beside the bytes of the `response.create` message the sidecar sent on
 its WebSocket (a continuation carries only the new items), how it went (a continuation, a
-full request, plain HTTP) and its outcome. No payload text unless `console.show_content`;
-response ids shortened unless then too, as on the proxy's console.
+full request, plain HTTP) and its outcome. A turn relayed over plain HTTP is shown too (its
+answer is passed on unread: outcome `relayed`, or `error` for a status of 400 or more); a
+turn that failed after its 200 stream began is also one of the recent errors. No payload
+text unless `console.show_content`; response ids shortened unless then too, as on the
+proxy's console.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def install(
 def turn(
     feed: ConsoleFeed,
     number: int,
-    plan: Plan,
+    plan: Plan | None,
     via: str,
     client_bytes: int,
     sent_bytes: int,
@@ -84,10 +87,21 @@ def turn(
     response_id: str | None,
     output: list[Any],
     duration: float,
+    body: dict[str, Any] | None = None,
+    status: int | None = None,
 ) -> dict[str, Any]:
     """The console's event for one `POST /v1/responses`. `via`: delta (a continuation on the
-    socket holding the conversation), full (the whole request on a socket), http."""
-    parent = plan.parent.response_id if plan.parent is not None else plan.client_previous_id
+    socket holding the conversation), full (the whole request on a socket), http (relayed
+    over plain HTTP as it was: no `plan` when it was not a WebSocket-mode request, `body`
+    the request when it was a JSON object). `status`: the HTTP status the client got."""
+    request = plan.full if plan is not None else body or {}
+    if plan is not None and plan.parent is not None:
+        parent: str | None = plan.parent.response_id
+        items: Any = plan.new_items
+    else:
+        prev = request.get("previous_response_id")
+        parent = prev if isinstance(prev, str) and prev else None
+        items = request.get("input", ())
     event: dict[str, Any] = {
         "type": "turn",
         "source": "sidecar",
@@ -96,7 +110,7 @@ def turn(
         "previous_response_id": feed.shown_id(parent),
         "lane": None,
         "via": via,
-        "new_items": len(plan.new_items) if plan.parent is not None else _items(plan),
+        "new_items": len(items) if isinstance(items, (list, tuple)) else 1 if items else 0,
         "output_items": len(output),
         "outcome": outcome,
         "refused": None,
@@ -105,14 +119,9 @@ def turn(
         "upstream_bytes": sent_bytes,
         "first_event": None,
         "duration": duration,
+        "status": status,
     }
     if feed.show_content:
-        items = plan.new_items if plan.parent is not None else plan.full.get("input", ())
         event["input_text"] = items if isinstance(items, str) else texts(list(items))
         event["output_text"] = output_texts({"output": output})
     return event
-
-
-def _items(plan: Plan) -> int:
-    raw = plan.full.get("input")
-    return len(raw) if isinstance(raw, list) else 1

@@ -12,7 +12,7 @@ import logging
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, assert_never
+from typing import TYPE_CHECKING, Any, assert_never
 
 from aiohttp import WSMsgType, web
 
@@ -22,6 +22,9 @@ from ..core.urls import redact_url
 from .chains import ChainMemory, Plan
 from .pool import NoSocket, SocketPool, UpstreamSocket
 from .relay import Done, Relay, RelayStep, Resend, Retry
+
+if TYPE_CHECKING:
+    from ..ops.otel_sidecar import SidecarTurn  # imported only with tracing on
 
 log = logging.getLogger("wsmode.sidecar")
 
@@ -44,11 +47,16 @@ class Exchange:
     upgrade_headers: Mapping[str, str]
     read_timeout: float
     stats: Counter[str]
+    # tracing on: the turn's span, whose child each attempt is; off: the HTTP client's own
+    # trace context, passed on as it is (the `client_metadata` entries, or none)
+    span: SidecarTurn | None = None
+    trace_context: Mapping[str, str] = field(default_factory=dict)
     relay: Relay = field(init=False)
     response: web.StreamResponse | None = None  # the SSE answer, once started
     reply: Reply | None = None
     done: Done | None = None
     sent_bytes: int = 0  # the `response.create` messages sent on the socket, every attempt
+    retries: int = 0  # attempts sent again (on the same socket, a new one, or over HTTP)
 
     def __post_init__(self) -> None:
         self.relay = Relay(
@@ -69,9 +77,10 @@ class Exchange:
                 self.relay.begin(delta=delta)
                 self.stats["delta" if delta else "full"] += 1
                 body = self.plan.delta() if delta else self.plan.full
-                retry = await self._attempt(sock, body)
+                retry = await self._attempt(sock, body, delta)
                 if retry is None:
                     break
+                self.retries += 1
                 self.stats[f"retry_{retry.value}"] += 1
                 if retry is Resend.FULL:  # the upstream lost the parent: full, same socket
                     self.memory.forget(self.plan)
@@ -108,12 +117,44 @@ class Exchange:
                 return sock, False
         return await pool.acquire(plan.credential, self.upgrade_headers), False
 
-    async def _attempt(self, sock: UpstreamSocket, body: dict[str, Any]) -> Resend | None:
+    async def _attempt(
+        self, sock: UpstreamSocket, body: dict[str, Any], delta: bool
+    ) -> Resend | None:
+        """Send `body` on `sock` and read its answer; the retry the relay asks for, if any."""
+        attempt = (
+            None if self.span is None else self.span.message(self.pool.url, delta, sock.serial)
+        )
+        message = {"type": "response.create", **body}
+        context = self.trace_context if attempt is None else attempt.context
+        metadata = body.get("client_metadata")
+        if context and (metadata is None or isinstance(metadata, dict)):
+            # a message has no headers: its trace context goes here (docs/telemetry.md)
+            message["client_metadata"] = {**(metadata or {}), **context}
+        retry: Resend | None = None
         try:
-            frame = wire.dumps({"type": "response.create", **body})
-        except wire.JSONEncodeError:  # nested too deeply to write: the upstream says so
-            raise UseHttp("the request is nested too deeply to send as a message") from None
-        self.sent_bytes += len(frame)
+            try:
+                frame = wire.dumps(message)
+            except wire.JSONEncodeError:  # nested too deeply to write: the upstream says so
+                raise UseHttp("the request is nested too deeply to send as a message") from None
+            self.sent_bytes += len(frame)
+            if attempt is not None:
+                attempt.sent(len(frame))
+            retry = await self._send(sock, frame)
+        except BaseException as exc:
+            if attempt is not None:  # over HTTP instead, or the client left
+                how = "http" if isinstance(exc, UseHttp) else None
+                attempt.end(None, how, None if how else type(exc).__name__)
+            raise
+        if attempt is not None:
+            failure = self.relay.failure
+            attempt.end(
+                self.relay.outcome,
+                None if retry is None else retry.value,
+                (failure[1] or "error") if failure is not None else None,
+            )
+        return retry
+
+    async def _send(self, sock: UpstreamSocket, frame: bytes) -> Resend | None:
         try:
             await sock.ws.send_frame(frame, WSMsgType.TEXT)
         except (ConnectionError, RuntimeError):

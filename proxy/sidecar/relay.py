@@ -38,7 +38,14 @@ from typing import Any
 
 from ..core import wire
 from ..core.api_objects import TERMINAL_TYPES
-from ..core.http_answer import HttpAnswer, Reply, Write, error_object
+from ..core.http_answer import (
+    HttpAnswer,
+    Reply,
+    Write,
+    error_object,
+    error_status,
+    status_of_code,
+)
 
 _LIFECYCLE = frozenset(
     {"response.created", "response.queued", "response.in_progress", *TERMINAL_TYPES}
@@ -82,6 +89,9 @@ class Relay:
     retried_full: bool = False
     reopened: bool = False
     seen: bool = False  # this attempt received an event of its response
+    response: dict[str, Any] | None = None  # the terminal event's response object
+    # how it failed, if it did: the HTTP status the failure means, its code, its message
+    failure: tuple[int, str | None, str | None] | None = None
     answer: HttpAnswer = field(init=False)  # one for every attempt: they write nothing
     _items: dict[int, Any] = field(default_factory=dict)
 
@@ -99,6 +109,7 @@ class Relay:
         self.delta = delta
         self.seen = False
         self.response_id, self.output, self.last_seq = None, [], -1
+        self.response = self.failure = None
         self._items.clear()
 
     # ------------------------------------------------------------ inputs
@@ -173,6 +184,12 @@ class Relay:
                 output = resp["output"] = [self._items[k] for k in sorted(self._items)]
                 changed = True
             self.output = output if isinstance(output, list) else []
+            self.response = resp
+            if kind == "response.failed":
+                err = resp.get("error")
+                err = err if isinstance(err, dict) else {}
+                code = err.get("wsmode_code") or err.get("code")
+                self.failure = (status_of_code(code), _str(code), _str(err.get("message")))
         if changed and self.stream:
             data = wire.dumps(ev)
         out = _written(self.answer.event(kind, data, ev))
@@ -184,8 +201,10 @@ class Relay:
     def _error(self, ev: Any) -> list[RelayStep]:
         if not isinstance(ev, dict):
             return self.invalid("the upstream sent an error that is not a JSON object")
+        err = error_object(ev)
+        self.failure = (error_status(ev, err), _str(err.get("code")), _str(err.get("message")))
         if not self.started:
-            code = error_object(ev).get("code")
+            code = err.get("code")
             if code == "websocket_connection_limit_reached":
                 # docs/protocol.md "Errors": the server closes this socket; a new one holds no state
                 return [Retry(self._reopen())]
@@ -201,6 +220,7 @@ class Relay:
     def _fail(self, code: str, message: str) -> list[RelayStep]:
         """A failure no frame says: the HTTP error, or after the event stream began the HTTP
         variant of the SSE error event; the socket's state is unknown."""
+        self.failure = (status_of_code(code), code, message)
         return [self.answer.fail(code, message, self.last_seq + 1), self._done("failed", False)]
 
     def _reply(self) -> list[RelayStep]:
@@ -210,6 +230,10 @@ class Relay:
     def _done(self, outcome: str, keep: bool) -> Done:
         self.outcome = outcome
         return Done(outcome, keep)
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _written(write: Write | None) -> list[RelayStep]:

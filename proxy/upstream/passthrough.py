@@ -51,13 +51,15 @@ async def relay_http(
     *,
     base_url: str | None = None,
     gate: UpstreamGate | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> web.StreamResponse:
-    """`base_url` and `gate`: a replica's (upstream/pool.py); by default the client's own."""
+    """`base_url` and `gate`: a replica's (upstream/pool.py); by default the client's own.
+    `headers`: sent in place of the request's (the sidecar's, with its trace context)."""
     try:
         # passthrough counts against the upstream limit too
         async with (client.gate if gate is None else gate).slot():
             base = client.base_url if base_url is None else base_url
-            return await _relay(request, client, body, base)
+            return await _relay(request, client, body, base, headers)
     except UpstreamError as err:
         return web.Response(
             status=err.status,
@@ -67,7 +69,11 @@ async def relay_http(
 
 
 async def _relay(
-    request: web.Request, client: UpstreamClient, body: bytes | None, base_url: str
+    request: web.Request,
+    client: UpstreamClient,
+    body: bytes | None,
+    base_url: str,
+    headers: Mapping[str, str] | None = None,
 ) -> web.StreamResponse:
     assert client.session is not None
     if has_dot_segment(request.path):  # decoded: `%2e%2e` and `a%2f..%2fb` are caught too
@@ -91,7 +97,7 @@ async def _relay(
         upstream = await client.session.request(
             request.method,
             url,
-            headers=_headers(request.headers),
+            headers=_headers(request.headers if headers is None else headers),
             data=data,
             allow_redirects=False,
         )

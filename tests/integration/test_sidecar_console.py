@@ -15,7 +15,7 @@ from wsmode.config import ConfigError, load_settings
 from wsmode.sidecar.app import create_sidecar_app
 
 from tests.support.console_feed import Events, read_events, short
-from tests.support.helpers import Proxy, Sidecar, serve
+from tests.support.helpers import Proxy, Sidecar, Sim, serve
 from tests.support.sidecar_turns import conversation
 
 
@@ -72,6 +72,48 @@ async def test_the_page_opens_and_refused_requests_are_recent_errors(
             events = await read_events(r, lambda ev: any(e["type"] == "state" for e in ev))
     [state] = [e for e in events if e["type"] == "state"]
     assert [(e["where"], e["status"]) for e in state["errors"]] == [("POST /v1/responses", 400)]
+
+
+async def test_turns_relayed_over_plain_http_are_turns_too(sim: Sim, sidecar_factory: Any) -> None:
+    """In front of the simulated model, which has no WebSocket mode, every turn goes over
+    plain HTTP: each is shown, with the whole body sent on and its answer relayed unread."""
+    sidecar = await sidecar_factory(sim.url)
+    done = await conversation(sidecar.http, ["zebra-quartz", "mango-lantern"])
+    assert sidecar.state.stats["http"] == 2 and sidecar.state.pool.opened == 0
+    events = await feed(sidecar, 2)
+    shown = turns(events)
+    assert [(t["via"], t["outcome"], t["status"]) for t in shown] == [("http", "relayed", 200)] * 2
+    assert [t["client_bytes"] for t in shown] == [d["client_bytes"] for d in done]
+    assert all(t["upstream_bytes"] == t["client_bytes"] for t in shown)  # all of it went
+    assert [t["new_items"] for t in shown] == [1, 3]  # the whole input, each time
+    assert all(t["response_id"] is None for t in shown)  # not read: relayed as it came
+    assert [t["run"] for t in shown] == [1, 2]
+    [state] = [e for e in events if e["type"] == "state"][-1:]
+    assert state["errors"] == []
+
+
+async def test_a_turn_failing_after_its_200_is_a_recent_error(
+    proxy: Proxy, sidecar_factory: Any
+) -> None:
+    """The stream began (HTTP 200), then the model failed: the HTTP client sees a
+    `response.failed` event, the middleware only the 200; the turn says so itself."""
+    sidecar = await sidecar_factory(proxy.http)
+    body = {"model": "sim", "input": "x", "stream": True, "metadata": {"sim_fault": "error:4"}}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{sidecar.http}/responses", json=body) as r,
+    ):
+        assert r.status == 200
+        assert b"response.failed" in await r.read()
+    events = await feed(sidecar, 1)
+    (shown,) = turns(events)
+    assert (shown["via"], shown["outcome"], shown["status"]) == ("full", "failed", 200)
+    [state] = [e for e in events if e["type"] == "state"][-1:]
+    (error,) = state["errors"]
+    assert error["where"] == f"sidecar {shown['response_id']}"
+    assert (error["status"], error["code"]) == (500, "server_error")
+    assert "message" not in error  # its text only with console.show_content
+    assert any(e["type"] == "error" and e["code"] == "server_error" for e in events)
 
 
 def settings(upstream: str, **flat: Any) -> Any:

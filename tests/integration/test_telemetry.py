@@ -1,6 +1,8 @@
-"""OpenTelemetry traces of turns, exported to an OTLP/HTTP receiver the test runs: the openai
-SDK over WebSocket mode and over plain HTTP, the client's traceparent continued, the model
-server given the same trace; and with tracing off, no opentelemetry import at all."""
+"""OpenTelemetry traces of turns, exported to an OTLP/HTTP receiver the test runs
+(tests/support/otlp.py): the openai SDK over WebSocket mode and over plain HTTP, the client's
+traceparent continued, the model server given the same trace; and with tracing off, no
+opentelemetry import at all. The child spans (summaries, moderation) and the replicas are in
+test_telemetry_children.py; the sidecar's spans in test_sidecar_telemetry.py."""
 
 from __future__ import annotations
 
@@ -9,71 +11,25 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiohttp import web
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from wsmode.ops.telemetry import tracing_of
 
-from tests.support.helpers import Proxy, Sim, sdk_terminal, seconds, serve, until
+from tests.support.helpers import Proxy, Sim, sdk_terminal, seconds
+from tests.support.otlp import Received
+from tests.support.otlp import exported as otlp_exported
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
 
 
-def value(v: AnyValue) -> Any:
-    kind = v.WhichOneof("value")
-    if kind == "array_value":
-        return [value(x) for x in v.array_value.values]
-    return getattr(v, kind) if kind else None
-
-
-@dataclass
-class Received:
-    spans: list[Span] = field(default_factory=list)
-    resources: list[dict[str, Any]] = field(default_factory=list)
-    url: str = ""
-
-    def attrs(self, span: Span) -> dict[str, Any]:
-        return {a.key: value(a.value) for a in span.attributes}
-
-    def named(self, prefix: str) -> list[Span]:
-        return [s for s in self.spans if s.name.startswith(prefix)]
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[Received]:
-    got = Received()
-
-    async def traces(request: web.Request) -> web.Response:
-        export = ExportTraceServiceRequest.FromString(await request.read())
-        for rs in export.resource_spans:
-            got.resources.append({a.key: value(a.value) for a in rs.resource.attributes})
-            for ss in rs.scope_spans:
-                got.spans.extend(ss.spans)
-        return web.Response(content_type="application/x-protobuf", body=b"")
-
-    app = web.Application()
-    app.router.add_post("/v1/traces", traces)
-    served = await serve(app)
-    got.url = f"{served.base}/v1/traces"
-    yield got
-    await served.runner.cleanup()
-
-
 async def exported(proxy: Proxy, got: Received, turns: int) -> list[Span]:
     """The turn spans, once the proxy's exporter has sent them."""
-    tracing = tracing_of(proxy.served.runner.app)
-    assert tracing is not None, "tracing is on"
-    await asyncio.to_thread(tracing.flush)
-    await until(lambda: len(got.named("chat ")) >= turns, seconds(10))
-    return got.named("chat ")
+    return await otlp_exported(tracing_of(proxy.served.runner.app), got, "chat ", turns)
 
 
 def check_turn(got: Received, span: Span, sim_headers: dict[str, str]) -> dict[str, Any]:
@@ -111,12 +67,12 @@ def check_turn(got: Received, span: Span, sim_headers: dict[str, str]) -> dict[s
 
 
 async def test_websocket_turns_are_traced(
-    receiver: Received,
+    otlp: Received,
     sim: Sim,
     proxy_factory: Callable[..., Awaitable[Proxy]],
     openai_client: Any,
 ) -> None:
-    proxy = await proxy_factory(sim.url, telemetry__enabled=True, telemetry__endpoint=receiver.url)
+    proxy = await proxy_factory(sim.url, telemetry__enabled=True, telemetry__endpoint=otlp.url)
     client = openai_client(proxy.http, api_key="sk-test")
     previous: str | None = None
     async with client.responses.connect(extra_headers={"traceparent": TRACEPARENT}) as conn:
@@ -126,26 +82,54 @@ async def test_websocket_turns_are_traced(
             done = await sdk_terminal(conn)
             assert done.type == "response.completed"
             previous = done.response.id
-    spans = await exported(proxy, receiver, 2)
+    spans = await exported(proxy, otlp, 2)
     assert len(spans) == 2
     first, second = sorted(spans, key=lambda s: s.start_time_unix_nano)
-    a1 = check_turn(receiver, first, sim.state.requests[0]["headers"])
-    a2 = check_turn(receiver, second, sim.state.requests[1]["headers"])
+    a1 = check_turn(otlp, first, sim.state.requests[0]["headers"])
+    a2 = check_turn(otlp, second, sim.state.requests[1]["headers"])
     assert a2["gen_ai.response.id"] == previous
     # one conversation, and the second turn's history was the proxy's to send
     assert a1["gen_ai.conversation.id"] == a2["gen_ai.conversation.id"]
     assert a2["wsmode.bytes_saved"] > 0
-    assert receiver.resources[0]["service.name"] == "wsmode"
+    assert otlp.resources[0]["service.name"] == "wsmode"
+
+
+async def test_a_message_s_own_trace_context_wins_over_the_handshake_s(
+    otlp: Received, sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]], openai_client: Any
+) -> None:
+    """A WebSocket message has no headers: a turn may name its own parent in its
+    `client_metadata` (Codex's keys, as the sidecar sends them); a turn without one is the
+    handshake's child. Either way the model server gets none of the metadata."""
+    proxy = await proxy_factory(sim.url, telemetry__enabled=True, telemetry__endpoint=otlp.url)
+    client = openai_client(proxy.http, api_key="sk-test")
+    own = "1111111111111111"
+    metadata = {
+        "ws_request_header_traceparent": f"00-{'ab' * 16}-{own}-01",
+        "ws_request_header_tracestate": "vendor=x",
+        "session": "kept for the client",
+    }
+    async with client.responses.connect(extra_headers={"traceparent": TRACEPARENT}) as conn:
+        for extra in ({"client_metadata": metadata}, {}):  # the SDK's create has no such field
+            create = {"type": "response.create", "model": "sim", "input": "hi", "store": False}
+            await conn.send({**create, **extra})
+            assert (await sdk_terminal(conn)).type == "response.completed"
+    first, second = sorted(await exported(proxy, otlp, 2), key=lambda s: s.start_time_unix_nano)
+    assert (first.trace_id.hex(), first.parent_span_id.hex()) == ("ab" * 16, own)
+    assert first.trace_state == "vendor=x"
+    assert (second.trace_id.hex(), second.parent_span_id.hex()) == (TRACE_ID, PARENT_ID)
+    assert all("client_metadata" not in body for body in sim.bodies())
+    handed = sim.state.requests[0]["headers"]
+    assert {k.lower(): v for k, v in handed.items()}["traceparent"].split("-")[1] == "ab" * 16
 
 
 async def test_http_turn_traced_from_the_standard_variables(
-    receiver: Received,
+    otlp: Received,
     sim: Sim,
     proxy_factory: Callable[..., Awaitable[Proxy]],
     openai_client: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", otlp.url)
     monkeypatch.setenv("OTEL_SERVICE_NAME", "proxy-under-test")
     proxy = await proxy_factory(sim.url)  # telemetry.enabled = "auto"
     client = openai_client(proxy.http, api_key="sk-test")
@@ -153,45 +137,45 @@ async def test_http_turn_traced_from_the_standard_variables(
         model="sim", input="Say hi", store=False, extra_headers={"traceparent": TRACEPARENT}
     )
     assert done.status == "completed"
-    (span,) = await exported(proxy, receiver, 1)
-    a = check_turn(receiver, span, sim.state.requests[0]["headers"])
+    (span,) = await exported(proxy, otlp, 1)
+    a = check_turn(otlp, span, sim.state.requests[0]["headers"])
     assert a["gen_ai.response.id"] == done.id
-    assert receiver.resources[0]["service.name"] == "proxy-under-test"
+    assert otlp.resources[0]["service.name"] == "proxy-under-test"
 
 
 async def test_content_only_when_asked(
-    receiver: Received, sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]], openai_client: Any
+    otlp: Received, sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]], openai_client: Any
 ) -> None:
     proxy = await proxy_factory(
         sim.url,
         telemetry__enabled=True,
-        telemetry__endpoint=receiver.url,
+        telemetry__endpoint=otlp.url,
         telemetry__record_content=True,
     )
     client = openai_client(proxy.http, api_key="sk-test")
     done = await client.responses.create(model="sim", input="Say hi", store=False)
-    (span,) = await exported(proxy, receiver, 1)
-    a = receiver.attrs(span)
+    (span,) = await exported(proxy, otlp, 1)
+    a = otlp.attrs(span)
     assert "Say hi" in a["gen_ai.input.messages"]
     assert done.output_text[:10] in a["gen_ai.output.messages"]
     assert not span.parent_span_id  # no traceparent from the client: a new trace
 
 
 async def test_failed_turn_has_its_error_type(
-    receiver: Received, proxy_factory: Callable[..., Awaitable[Proxy]], openai_client: Any
+    otlp: Received, proxy_factory: Callable[..., Awaitable[Proxy]], openai_client: Any
 ) -> None:
     proxy = await proxy_factory(
-        "http://127.0.0.1:9/v1", telemetry__enabled=True, telemetry__endpoint=receiver.url
+        "http://127.0.0.1:9/v1", telemetry__enabled=True, telemetry__endpoint=otlp.url
     )
     client = openai_client(proxy.http, api_key="sk-test", max_retries=0)
     with pytest.raises(Exception):  # noqa: B017 - the SDK's error class for a 502
         await client.responses.create(model="sim", input="Say hi", store=False)
-    (span,) = await exported(proxy, receiver, 1)
-    a = receiver.attrs(span)
+    (span,) = await exported(proxy, otlp, 1)
+    a = otlp.attrs(span)
     assert a["error.type"] == "upstream_unavailable" and a["wsmode.outcome"] == "failed"
     assert span.status.code == span.status.STATUS_CODE_ERROR
-    (child,) = [s for s in receiver.spans if s.parent_span_id == span.span_id]
-    assert receiver.attrs(child)["error.type"] == "upstream_unavailable"
+    (child,) = [s for s in otlp.spans if s.parent_span_id == span.span_id]
+    assert otlp.attrs(child)["error.type"] == "upstream_unavailable"
 
 
 OFF = textwrap.dedent(
@@ -230,13 +214,13 @@ OFF = textwrap.dedent(
 ).replace("TRACEPARENT", TRACEPARENT)
 
 
-async def test_off_imports_and_exports_nothing(receiver: Received) -> None:
+async def test_off_imports_and_exports_nothing(otlp: Received) -> None:
     """Off by the setting, though the standard variable names a receiver: the proxy (and
     its built-in simulated model) serve an HTTP and a WebSocket turn, and no opentelemetry
     module was ever imported; the receiver got nothing."""
     env = {
         **os.environ,
-        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url.removesuffix("/v1/traces"),
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url.removesuffix("/v1/traces"),
         "WSMODE_TELEMETRY_ENABLED": "false",
     }
     proc = await asyncio.create_subprocess_exec(
@@ -245,4 +229,4 @@ async def test_off_imports_and_exports_nothing(receiver: Received) -> None:
     out, err = await asyncio.wait_for(proc.communicate(), seconds(60))
     assert proc.returncode == 0, err.decode()[-2000:]
     assert b"loaded: []" in out
-    assert receiver.spans == []
+    assert otlp.spans == []

@@ -171,8 +171,12 @@ def proxy_settings(upstream: str, **overrides: Any) -> Settings:
 
 
 def sidecar_settings(upstream: str, **overrides: Any) -> Settings:
-    """Settings for a sidecar in front of `upstream`; `key=value` sets `sidecar.key`."""
-    flat = {"sidecar.upstream": upstream, **{f"sidecar.{k}": v for k, v in overrides.items()}}
+    """Settings for a sidecar in front of `upstream`; `key=value` sets `sidecar.key`, and
+    `section__key=value` sets `section.key` (`telemetry__enabled=True`)."""
+    flat = {
+        "sidecar.upstream": upstream,
+        **{k.replace("__", ".") if "__" in k else f"sidecar.{k}": v for k, v in overrides.items()},
+    }
     return load_settings(None, {}, flat)
 
 

@@ -73,6 +73,7 @@ PROCESS_FIXTURES = {
     "redis_server",
     "redis_session_server",
     "replicas",
+    "otlp",
 }
 
 
