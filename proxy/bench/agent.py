@@ -7,14 +7,20 @@ run (A B C A B C ...):
 - http-direct: HTTP straight to the model with the full history every turn, on one
   keep-alive connection, as the SDKs do;
 - ws-wsmode: WebSocket mode through `wsmode serve`: each turn sends only the tool output
-  and `previous_response_id`;
+  and `previous_response_id`; wsmode sends the model the whole history (`/v1/responses`);
+- ws-wsmode-tokens: the same through a `wsmode serve` with `upstream.api = "tokens"` in
+  front of the same model's llama.cpp `/completion`: wsmode sends the model token ids, and
+  the model tokenises only each turn's new text (docs/tokens.md);
 - http-sidecar: the same HTTP client pointed at a local `wsmode sidecar`, which holds a
   WebSocket-mode connection to `wsmode serve` (left out, with a note, if it fails to start).
 
 The link sits between the client side (the agent, and the sidecar) and the server side (the
-model for http-direct; wsmode for the others); wsmode to the model is loopback. The ideal is
-the model's own time (time to first token plus the paced tokens) plus one round trip per
-turn. Each loop's time includes opening its connection.
+model for http-direct; wsmode for the others); wsmode to the model is loopback. The model
+charges `tokenize_us_per_token` for every token it tokenises, as a real server does when it
+renders and tokenises the history: the whole history per turn on `/v1/responses`, only the
+new text on the token path. The ideal is the model's own time (time to first token plus the
+paced tokens), the tokenising of each turn's new input, and one round trip per turn. Each
+loop's connection is opened before its clock starts.
 """
 
 from __future__ import annotations
@@ -32,9 +38,11 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from .clients import Turn, http_turn, ws_connect, ws_turn
+from ..sim.model import count_tokens
+from .clients import Turn, http_turn, wait_ready, ws_connect, ws_turn
 from .link import WAN_HOST, NetemLink, ShimLink
 from .procs import (
+    TOKENIZE_US_PER_TOKEN,
     BenchError,
     Servers,
     free_port,
@@ -45,6 +53,10 @@ from .procs import (
 )
 
 HTTP_DIRECT, WS_WSMODE, HTTP_SIDECAR = "http-direct", "ws-wsmode", "http-sidecar"
+WS_TOKENS = "ws-wsmode-tokens"  # WebSocket mode through wsmode's token path
+# the model's context, in tokens: the token path's prompts are the vocabulary's ids (about
+# 2 bytes each), the longest loop's history (about 300 KB) fits with room to spare
+CONTEXT_TOKENS = 1 << 20
 TOOLS = [
     {
         "type": "function",
@@ -74,6 +86,9 @@ class AgentProfile:
     ttft_ms: float = 50.0
     tokens_per_second: float = 1000.0
     output_tokens: int = 60
+    # the model's tokenising, per token of every text it tokenises (docs/bench.md "The agent
+    # loop"): the same cost as in the tokens scenario, real llama.cpp's with Gemma 3's vocabulary
+    tokenize_us_per_token: float = TOKENIZE_US_PER_TOKEN
     # the first prompt is sent before the clock (as the connection is opened), so a shorter
     # loop that starts from a larger prompt does not time that prompt's one upload: the timed
     # turns are the tool-output turns, each as in the full loop (docs/bench.md "Quick ...")
@@ -93,6 +108,7 @@ class Loop:
     seconds: float
     turns: int
     model_seconds: float  # the simulated model's own time, summed over turns
+    tokenize_seconds: float  # the model tokenising each turn's new input, summed (the ideal's)
     bytes_sent: int  # request bodies / frames the client wrote
     history_bytes: int  # the conversation's JSON size at the end
     connect_s: float = 0.0  # opening the connection, before (outside) `seconds`
@@ -149,7 +165,13 @@ class _Tally:
     history: list[Any]
     sent: int = 0
     model: float = 0.0
+    tokenize: float = 0.0
     t0: float = field(default_factory=time.perf_counter)
+
+    def sending(self, items: list[Any]) -> None:
+        """A turn's new input: the ideal tokenises it (and nothing else) once."""
+        cost = self.profile.tokenize_us_per_token / 1e6
+        self.tokenize += cost * count_tokens({"input": items}) if items else 0.0
 
     def add(self, turn: Turn, k: int) -> list[Any]:
         """Count turn `k`; the next input (the tool outputs), empty once the model answered."""
@@ -160,11 +182,12 @@ class _Tally:
 
     def restart(self) -> None:
         """Start the clock (again) here: what came before is not counted."""
-        self.sent, self.model, self.t0 = 0, 0.0, time.perf_counter()
+        self.sent, self.model, self.tokenize, self.t0 = 0, 0.0, 0.0, time.perf_counter()
 
     def loop(self, turns: int) -> Loop:
         seconds = time.perf_counter() - self.t0
-        return Loop(seconds, turns, self.model, self.sent, len(orjson.dumps(self.history)))
+        size = len(orjson.dumps(self.history))
+        return Loop(seconds, turns, self.model, self.tokenize, self.sent, size)
 
 
 # Both contenders time the loop on a connection that is already open, as an agent session
@@ -186,12 +209,15 @@ async def http_loop(url: str, profile: AgentProfile) -> Loop:
         tally = _Tally(profile, [first])
         connect_s = tally.t0 - opened
         skip = int(profile.prompt_before_clock)
+        new: list[Any] = [first]
         for k in range(profile.tool_calls + 2):  # bounded: the model answers after tool_calls
             if k == skip:
                 tally.restart()
+            tally.sending(new)
             body = orjson.dumps({**_settings(), "input": tally.history, "stream": True})
             tally.sent += len(body)
-            if not tally.add(await http_turn(session, url, body), k):
+            new = tally.add(await http_turn(session, url, body), k)
+            if not new:
                 loop = tally.loop(k + 1 - skip)
                 loop.connect_s = connect_s
                 return loop
@@ -213,6 +239,7 @@ async def ws_loop(url: str, profile: AgentProfile) -> Loop:
             for k in range(profile.tool_calls + 2):
                 if k == skip:
                     tally.restart()
+                tally.sending(new)
                 create = {"type": "response.create", **_settings(), "input": new}
                 if previous:
                     create["previous_response_id"] = previous
@@ -239,6 +266,7 @@ def _summary(loops: list[Loop], errors: list[str]) -> dict[str, Any]:
             bytes_sent=loops[0].bytes_sent,
             history_bytes=loops[0].history_bytes,
             model_s=round(loops[0].model_seconds, 4),
+            ideal_tokenize_s=round(loops[0].tokenize_seconds, 4),
             connect_s=round(statistics.median(lp.connect_s for lp in loops), 4),
         )
     return out
@@ -257,34 +285,43 @@ async def run_cells(
             tokens_per_second=profile.tokens_per_second,
             output_tokens=profile.output_tokens,
             tool_calls_per_turn=profile.tool_calls,
+            tokenize_us_per_token=profile.tokenize_us_per_token,
+            context_window=CONTEXT_TOKENS,
         )
         # the programs start side by side: their ports are chosen first, so wsmode and the
         # link know where the others will listen before those do
         wan = WAN_HOST if link_kind == "netem" else "127.0.0.1"
-        sim_port, proxy_port = free_port(), free_port(wan)
+        sim_port, proxy_port, tokens_port = free_port(), free_port(wan), free_port(wan)
         direct = (wan, free_port(wan)) if link_kind == "netem" else ("127.0.0.1", sim_port)
+        model = f"http://127.0.0.1:{sim_port}/v1"
         starts: list[Awaitable[Any]] = [
             start_sim(servers, env, port=sim_port),
-            start_proxy(servers, f"http://127.0.0.1:{sim_port}/v1", host=wan, port=proxy_port),
+            start_proxy(servers, model, host=wan, port=proxy_port),
+            start_proxy(
+                servers, model, host=wan, port=tokens_port, env={"WSMODE_UPSTREAM_API": "tokens"}
+            ),
         ]
         if link_kind == "netem":
             starts.append(start_sim(servers, env, host=direct[0], port=direct[1]))
             link = NetemLink()
         else:
-            starts.append(ShimLink.start([direct, (wan, proxy_port)]))
+            starts.append(ShimLink.start([direct, (wan, proxy_port), (wan, tokens_port)]))
         started = await asyncio.gather(*starts, return_exceptions=True)
-        if link_kind != "netem" and isinstance(started[2], ShimLink):
-            link = started[2]
+        if link_kind != "netem" and isinstance(started[-1], ShimLink):
+            link = started[-1]
         for result in started:
             if isinstance(result, BaseException):
                 raise result
         assert link is not None
+        await wait_ready(f"http://{wan}:{tokens_port}", 60.0)  # its probe of the model's /props
         await link.set(cells[0].rtt_ms, cells[0].uplink_mbit)
         dh, dp = link.address(*direct)
         ph, pp = link.address(wan, proxy_port)
+        th, tp = link.address(wan, tokens_port)
         runners: dict[str, Callable[[], Awaitable[Loop]]] = {
             HTTP_DIRECT: lambda: http_loop(f"http://{dh}:{dp}/v1/responses", profile),
             WS_WSMODE: lambda: ws_loop(f"ws://{ph}:{pp}/v1/responses", profile),
+            WS_TOKENS: lambda: ws_loop(f"ws://{th}:{tp}/v1/responses", profile),
         }
         if any(cell.sidecar for cell in cells):
             try:
@@ -311,14 +348,15 @@ async def run_cells(
                         f"rep {rep + 1}/{cell.reps} {name}: {done:.3f}s"
                     )
             summary = {name: _summary(loops[name], errors[name]) for name in here}
-            turns = next((lp[0].turns for lp in loops.values() if lp), 0)
-            model = next((lp[0].model_seconds for lp in loops.values() if lp), 0.0)
+            first = next((lp[0] for lp in loops.values() if lp), None)
+            turns = first.turns if first else 0
+            floor = first.model_seconds + first.tokenize_seconds if first else 0.0
             results.append(
                 {
                     "rtt_ms": cell.rtt_ms,
                     "uplink_mbit": cell.uplink_mbit,
                     "reps": cell.reps,
-                    "ideal_s": round(model + turns * cell.rtt_ms / 1000, 4),
+                    "ideal_s": round(floor + turns * cell.rtt_ms / 1000, 4),
                     "contenders": summary,
                 }
             )

@@ -7,6 +7,7 @@ every event; only terminal events are parsed, as an agent reads the final respon
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,3 +135,16 @@ async def ws_connect(session: aiohttp.ClientSession, url: str) -> aiohttp.Client
         autoping=True,
         compress=0,
     )
+
+
+async def wait_ready(base: str, timeout: float) -> None:
+    """Until `base`'s /readyz answers 200 (the token path probes its model server first)."""
+    deadline, why = time.monotonic() + timeout, ""
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            async with session.get(f"{base}/readyz") as r:
+                if r.status == 200:
+                    return
+                why = await r.text()
+            await asyncio.sleep(0.2)
+    raise BenchError(f"{base} was not ready within {timeout:g}s: {why[:300]}")

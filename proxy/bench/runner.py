@@ -79,12 +79,13 @@ class Plan:
 FULL = Plan("full")
 QUICK = Plan(
     "quick",
-    # the full profile's turns (8 KB tool outputs), 4 of them timed instead of 31, each
+    # the full profile's turns (8 KB tool outputs), 1 of them timed instead of 31,
     # re-sending as much history as the full loop's turns do on average (~150 KB): the loop
-    # starts from a ~130 KB prompt sent before the clock (the full loop's 20 KB prompt is
-    # one upload in 31 turns), so each timed turn's HTTP re-send and WebSocket tool output
-    # are the full profile's and the targets ask the same question (docs/bench.md "Quick")
-    profile=AgentProfile(tool_calls=4, first_prompt_bytes=127 * 1024, prompt_before_clock=True),
+    # starts from a ~140 KB prompt sent before the clock (the full loop's 20 KB prompt is
+    # one upload in 31 turns), so the timed turn's HTTP re-send, the model's tokenising of
+    # it and the WebSocket tool output are the full profile's and the targets ask the same
+    # question (docs/bench.md "Quick")
+    profile=AgentProfile(tool_calls=1, first_prompt_bytes=140 * 1024, prompt_before_clock=True),
     main_reps=2,  # its ratios are the steadiest of the run (a range of 0.01x over three)
     rtts=(1.0, 40.0),
     uplinks=(10.0, 1000.0),

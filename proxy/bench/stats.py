@@ -51,3 +51,25 @@ def verdict(low: float, high: float, bound: float, at_least: bool) -> str:
     if not meets(best):
         return FAIL
     return NOISE
+
+
+def deciding(
+    spreads: Sequence[dict[str, float | int]], bound: float, at_least: bool
+) -> tuple[int, str] | None:
+    """Of one target's spreads at several places (sizes, grid cells), the place its verdict
+    comes from, and that verdict: FAIL when any place fails, "within noise" when any holds
+    the bound inside its range, else PASS. Of the places with that verdict, the worst median
+    is the one shown, so the figure shown is always one that gives the verdict. None when no
+    place was measured."""
+    found = [
+        (i, sp, verdict(float(sp["low"]), float(sp["high"]), bound, at_least))
+        for i, sp in enumerate(spreads)
+        if sp["rounds"]
+    ]
+    if not found:
+        return None
+    results = {v for _, _, v in found}
+    result = FAIL if FAIL in results else NOISE if NOISE in results else PASS
+    mine = [(i, float(sp["median"])) for i, sp, v in found if v == result]
+    i, _ = min(mine, key=lambda x: x[1]) if at_least else max(mine, key=lambda x: x[1])
+    return i, result

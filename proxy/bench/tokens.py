@@ -12,17 +12,19 @@ and its own upstream process, started once for the scenario; sizes and paths are
 
 Measured per continuation turn (the first, long, turn is not counted):
 - TTFT at the client (to the first output text delta) and TTFE (to the first event);
-- time outside the model: TTFT minus the sim's configured time to first token (the sim's
-  "model" adds exactly that after its preprocessing; on llama.cpp nothing is subtracted);
+- time outside the model: TTFT minus the model's own time to its first token: the sim's
+  configured `ttft_ms` (its "model" adds exactly that after its preprocessing), or on
+  llama.cpp the `timings` llama.cpp reports for the turn (tokens_llamacpp.py `Tap`);
 - the upstream's own preprocessing: the sim's tokenising time and tokens (`/sim/stats`
-  `tokenize_ms`, `tokenized_tokens`, read after every turn);
+  `tokenize_ms`, `tokenized_tokens`, read after every turn); on llama.cpp the server's time
+  outside the model on the turn's requests, and the tokens it tokenised;
 - cache reuse (token path): cached_tokens / (previous turn's input + output tokens), from the
   usage the client sees (`input_tokens_details.cached_tokens` = llama.cpp's `cache_n`);
 - wsmode's CPU per turn (/proc/PID, every thread, over the continuations of a conversation);
 - divergences: `wsmode_token_divergences_total` from wsmode's /metrics, summed over reasons.
 
 `llamacpp_model` runs the same against real llama.cpp (../shared/upstreams/xlc_serve.py),
-one server per path; there is no tokenising counter and no fixed model time there.
+one server per path, each behind a timing tap.
 """
 
 from __future__ import annotations
@@ -40,10 +42,19 @@ from typing import Any
 import aiohttp
 import orjson
 
-from .clients import HEADERS, TERMINAL, event_type, ws_connect
-from .procs import BenchError, Server, Servers, free_port, sim_env, start_sim, wsmode_command
+from .clients import HEADERS, TERMINAL, event_type, wait_ready, ws_connect
+from .procs import (
+    TOKENIZE_US_PER_TOKEN,
+    BenchError,
+    Server,
+    Servers,
+    free_port,
+    sim_env,
+    start_sim,
+    wsmode_command,
+)
 from .stats import median
-from .tokens_llamacpp import start_llamacpp
+from .tokens_llamacpp import Tap, start_llamacpp
 
 PATHS = ("chat", "tokens")
 KTOK = 1024
@@ -60,7 +71,7 @@ class TokensProfile:
     turn_tokens: int = 24  # each continuation's new user message, about
     output_tokens: int = 16  # each answer
     ttft_ms: float = 20.0  # the sim's model time before its first token
-    tokenize_us_per_token: float = 10.0  # ~ real llama.cpp here: 17K tokens in ~178 ms
+    tokenize_us_per_token: float = TOKENIZE_US_PER_TOKEN  # real llama.cpp's, about
     turn_timeout: float = 120.0  # seconds; a slower turn fails the scenario
 
 
@@ -76,8 +87,9 @@ class TurnSample:
     input_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
-    tokenize_ms: float | None = None  # the upstream's tokenising during the turn (sim only)
+    tokenize_ms: float | None = None  # the upstream's preprocessing during the turn
     tokenized_tokens: int | None = None
+    model_ms: float | None = None  # llama.cpp's own time to the first text (None: the sim's)
     response_id: str = ""
 
 
@@ -91,6 +103,7 @@ class Upstream:
     is_sim: bool
     model: str
     last_stats: dict[str, Any] = field(default_factory=dict)
+    tap: Tap | None = None  # in front of llama.cpp
 
 
 def _text(tokens: int, chars_per_token: float, *seed: object) -> str:
@@ -129,6 +142,19 @@ async def _chars_per_token(session: aiohttp.ClientSession, up: Upstream) -> floa
             raise BenchError(f"{up.path}: /tokenize answered HTTP {r.status}")
         ids = (await r.json())["tokens"]
     return len(sample) / max(1, len(ids))
+
+
+def _tapped(up: Upstream, turn: TurnSample) -> None:
+    """On llama.cpp: the turn's model time and the server's preprocessing, from the tap."""
+    if up.tap is None:
+        return
+    seen = up.tap.take()
+    generations = [x for x in seen if x.timings is not None]
+    if not generations:
+        raise BenchError(f"{up.path}: llama.cpp reported no timings for the turn")
+    turn.model_ms = round(generations[0].model_ms(), 3)
+    turn.tokenize_ms = round(sum(x.outside_ms() for x in seen), 3)
+    turn.tokenized_tokens = sum(x.server_tokenized() for x in seen)
 
 
 async def _sim_stats(session: aiohttp.ClientSession, up: Upstream) -> tuple[float, int] | None:
@@ -185,6 +211,8 @@ async def conversation(
     samples: list[TurnSample] = []
     try:
         await _sim_stats(session, up)  # the baseline of the counters
+        if up.tap is not None:
+            up.tap.take()  # what came before is no turn's
         previous: TurnSample | None = None
         cpu_from = cpu_to = up_from = up_to = 0
         for t in range(p.turns + 1):
@@ -204,6 +232,7 @@ async def conversation(
             counted = await _sim_stats(session, up)
             if counted is not None:
                 turn.tokenize_ms, turn.tokenized_tokens = counted
+            _tapped(up, turn)
             previous = turn
             samples.append(turn)
     finally:
@@ -222,12 +251,10 @@ async def conversation(
     }
 
 
-async def _start_proxy(
-    servers: Servers, path: str, upstream: Server, read_timeout: float
-) -> Server:
+async def _start_proxy(servers: Servers, path: str, upstream: str, read_timeout: float) -> Server:
     port = free_port()
     env = {
-        "WSMODE_UPSTREAM_URL": f"{upstream.base}/v1",
+        "WSMODE_UPSTREAM_URL": f"{upstream}/v1",
         "WSMODE_UPSTREAM_API": path,
         "WSMODE_UPSTREAM_READ_TIMEOUT": str(read_timeout),
         "WSMODE_SERVER_LOG_LEVEL": "WARNING",
@@ -236,42 +263,36 @@ async def _start_proxy(
     return await servers.start(f"wsmode-{path}", cmd, "127.0.0.1", port, env)
 
 
-async def _ready(session: aiohttp.ClientSession, proxy: Server, timeout: float) -> None:
-    """Until wsmode's /readyz says 200 (the token path probes its server first)."""
-    deadline, why = time.monotonic() + timeout, ""
-    while time.monotonic() < deadline:
-        async with session.get(f"{proxy.base}/readyz") as r:
-            if r.status == 200:
-                return
-            why = await r.text()
-        await asyncio.sleep(0.2)
-    raise BenchError(f"{proxy.name} was not ready within {timeout:g}s: {why[:300]}")
-
-
 def sim_settings(p: TokensProfile, context: int) -> dict[str, str]:
-    env = sim_env(
+    return sim_env(
         ttft_ms=p.ttft_ms, tokens_per_second=0.0, output_tokens=p.output_tokens,
-        tool_calls_per_turn=0,
+        tool_calls_per_turn=0, tokenize_us_per_token=p.tokenize_us_per_token,
+        context_window=context,
     )  # fmt: skip
-    env["WSMODE_SIM_TOKENIZE_US_PER_TOKEN"] = str(p.tokenize_us_per_token)
-    env["WSMODE_SIM_CONTEXT_WINDOW"] = str(context)
-    return env
 
 
 async def _start(
-    servers: Servers, session: aiohttp.ClientSession, p: TokensProfile, model: Path | None
+    servers: Servers,
+    session: aiohttp.ClientSession,
+    p: TokensProfile,
+    model: Path | None,
+    taps: list[Tap],
 ) -> dict[str, Upstream]:
     context = max(p.sizes) * 2 + 8 * KTOK  # the longest conversation, with room to spare
 
     async def one(path: str) -> Upstream:
+        tap: Tap | None = None
         if model is None:
             server = await start_sim(servers, sim_settings(p, context))
         else:
             server = await start_llamacpp(servers, model, context, f"llamacpp-{path}")
-        proxy = await _start_proxy(servers, path, server, p.turn_timeout)
-        await _ready(session, proxy, 60.0)
+            tap = Tap(server.base)
+            taps.append(tap)
+            await tap.start()
+        proxy = await _start_proxy(servers, path, tap.base if tap else server.base, p.turn_timeout)
+        await wait_ready(proxy.base, 60.0)
         name = "sim" if model is None else "tiny"
-        return Upstream(path, server, proxy, model is None, name)
+        return Upstream(path, server, proxy, model is None, name, tap=tap)
 
     # both paths start side by side; a failure is raised once neither is still starting
     done = await asyncio.gather(*(one(path) for path in PATHS), return_exceptions=True)
@@ -281,10 +302,16 @@ async def _start(
     return {up.path: up for up in done if isinstance(up, Upstream)}
 
 
-def _summary(convs: list[dict[str, Any]], ttft_ms: float, is_sim: bool) -> dict[str, Any]:
+def _outside(turn: dict[str, Any], ttft_ms: float) -> float:
+    """A turn's TTFT minus the model's own time to its first token."""
+    model = turn.get("model_ms")
+    return float(turn["ttft_ms"]) - (ttft_ms if model is None else float(model))
+
+
+def _summary(convs: list[dict[str, Any]], ttft_ms: float) -> dict[str, Any]:
     """One (size, path): medians over every measured turn of every repetition."""
     turns = [t for c in convs for t in c["turns"]]
-    model_ms = ttft_ms if is_sim else 0.0
+    models = [t["model_ms"] for t in turns if t.get("model_ms") is not None]
     tok = [t["tokenize_ms"] for t in turns if t["tokenize_ms"] is not None]
     reuse = [r for c in convs for r in c["reuse"]]
     return {
@@ -292,7 +319,8 @@ def _summary(convs: list[dict[str, Any]], ttft_ms: float, is_sim: bool) -> dict[
         "first_turn_input_tokens": median([c["first"]["input_tokens"] for c in convs]),
         "ttft_p50_ms": round(median([t["ttft_ms"] for t in turns]), 3),
         "ttfe_p50_ms": round(median([t["ttfe_ms"] for t in turns]), 3),
-        "outside_model_p50_ms": round(median([t["ttft_ms"] - model_ms for t in turns]), 3),
+        "outside_model_p50_ms": round(median([_outside(t, ttft_ms) for t in turns]), 3),
+        "model_p50_ms": round(median(models), 3) if models else None,
         "tokenize_p50_ms": round(median(tok), 3) if tok else None,
         "tokenized_tokens_p50": median([t["tokenized_tokens"] for t in turns]) if tok else None,
         "reuse_p50": round(median(reuse), 5) if reuse else None,
@@ -304,7 +332,7 @@ def _summary(convs: list[dict[str, Any]], ttft_ms: float, is_sim: bool) -> dict[
         # per repetition, for the same-run ratios' spread (docs/bench-tokens.md)
         "reps": [
             {
-                "outside_model_ms": median([t["ttft_ms"] - model_ms for t in c["turns"]]),
+                "outside_model_ms": median([_outside(t, ttft_ms) for t in c["turns"]]),
                 "tokenize_ms": median([t["tokenize_ms"] or 0.0 for t in c["turns"]]),
                 "wsmode_cpu_ms_per_turn": c["wsmode_cpu_ms_per_turn"],
             }
@@ -319,11 +347,12 @@ async def run(
     upstream = "llama.cpp " + str(llamacpp_model) if llamacpp_model else "wsmode sim"
     out: dict[str, Any] = {"profile": asdict(p), "upstream": upstream, "sizes": []}
     servers = Servers()
+    taps: list[Tap] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_read=p.turn_timeout)
     raw: dict[tuple[int, str], list[dict[str, Any]]] = {(s, x): [] for s in p.sizes for x in PATHS}
     try:
         async with aiohttp.ClientSession(timeout=timeout, headers=HEADERS) as session:
-            ups = await _start(servers, session, p, llamacpp_model)
+            ups = await _start(servers, session, p, llamacpp_model, taps)
             cpt = {x: await _chars_per_token(session, ups[x]) for x in PATHS}
             for x in PATHS:  # warm-up, not measured: first imports, caches, the template
                 await conversation(session, ups[x], p, min(p.sizes), cpt[x], -1)
@@ -339,12 +368,13 @@ async def run(
                 log(f"  repetition {rep + 1}/{p.reps} done")
             div = {x: await _divergences(session, ups[x].proxy) - div0[x] for x in PATHS}
     finally:
+        for tap in taps:
+            await tap.close()
         servers.stop_all()
-    is_sim = llamacpp_model is None
     for size in p.sizes:
         row: dict[str, Any] = {"size_tokens": size}
         for path in PATHS:
-            row[path] = _summary(raw[size, path], p.ttft_ms, is_sim)
+            row[path] = _summary(raw[size, path], p.ttft_ms)
         out["sizes"].append(row)
         c, t = row["chat"], row["tokens"]
         log(

@@ -3,8 +3,9 @@
 Every target is a ratio measured in the same run: the token path's figure over the chat
 path's at the same history size and repetition, or the token path at its largest size over
 its smallest. The spread is over the repetitions (each its own conversation on both paths);
-a target over several sizes shows the worst size and reads FAIL if any size fails,
-"within noise" if any is inside its spread, else PASS (as the agent loop's grid does).
+a target over several sizes reads FAIL if any size fails, "within noise" if any holds the
+bound inside its spread, else PASS, and shows the size that verdict comes from (of those, the
+largest ratio), as the agent loop's grid does (stats.py `deciding`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .report import NONE, _one, _target
-from .stats import FAIL, NOISE, PASS, spread, verdict
+from .stats import deciding, spread
 
 KTOK = 1024
 BIG = 8 * KTOK  # the size from which the time and tokenising targets apply
@@ -30,16 +31,14 @@ def _reps(row: dict[str, Any], key: str, top: str = "tokens", bottom: str = "cha
 def _worst(
     rows: list[dict[str, Any]], key: str, bound: float
 ) -> tuple[dict[str, Any], str | None, str]:
-    """The spread at the worst size of `rows` (largest ratio), the verdict over every size,
-    and which size was the worst."""
-    found = [(r, spread(_reps(r, key))) for r in rows]
-    found = [(r, sp) for r, sp in found if sp["rounds"]]
-    if not found:
+    """The verdict over every size of `rows`, the spread of the size it comes from (of the
+    sizes with that verdict, the largest ratio) and which size that is."""
+    spreads = [spread(_reps(r, key)) for r in rows]
+    found = deciding(spreads, bound, False)
+    if found is None:
         return NONE, None, "no size"
-    row, worst = max(found, key=lambda x: float(x[1]["median"]))
-    verdicts = {verdict(sp["low"], sp["high"], bound, False) for _, sp in found}
-    result = FAIL if FAIL in verdicts else NOISE if NOISE in verdicts else PASS
-    return worst, result, f"worst {row['size_tokens'] // KTOK}K"
+    i, result = found
+    return spreads[i], result, f"worst {rows[i]['size_tokens'] // KTOK}K"
 
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -53,8 +52,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     big = [r for r in rows if r["size_tokens"] >= BIG] or rows[-1:]
     at = f"{big[0]['size_tokens'] // KTOK}K" if big else "8K"
     time_sp, time_res, time_at = _worst(big, "outside_model_ms", 0.3)
-    sim = tok.get("upstream") == "wsmode sim"
-    prep_sp, prep_res, prep_at = _worst(big, "tokenize_ms", 0.1) if sim else (NONE, None, "-")
+    prep_sp, prep_res, prep_at = _worst(big, "tokenize_ms", 0.1)
     reuse = [r["tokens"]["reuse_min"] for r in rows if r["tokens"].get("reuse_min") is not None]
     cpu: dict[str, Any] = NONE
     lo = hi = "-"
@@ -70,9 +68,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "<= 0.3x", 0.3, False, time_sp, "x",
                 "the token path tokenises only the new text; the chat path all of it",
                 time_res),
-        _target(f"tokens, >= {at} ({prep_at}): the server's tokenising, token / chat path",
+        _target(f"tokens, >= {at} ({prep_at}): the server's preprocessing, token / chat path",
                 "<= 0.1x", 0.1, False, prep_sp, "x",
-                "at least 90% less preprocessing in the model server", prep_res),
+                "at least 90% less preprocessing in the model server (the sim's tokenising; "
+                "llama.cpp's time outside its model)", prep_res),
         _target("tokens: cache reuse, cached / (previous prompt + output), worst turn",
                 ">= 0.99", 0.99, True, _one(min(reuse)) if reuse else NONE, "",
                 "each continuation starts with exactly the ids the server holds"),
@@ -88,17 +87,29 @@ def _cell(v: Any, fmt: str = "{:>9.2f}") -> str:
     return f"{'-':>9}" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
 
 
+def _settings(tok: dict[str, Any]) -> str:
+    """What the table's model did: the sim's settings, or llama.cpp's."""
+    p = tok["profile"]
+    runs = f"{p['turns']} continuation turns x {p['reps']} reps per size and path"
+    if tok["upstream"] == "wsmode sim":
+        return (
+            f"{tok['upstream']}; {runs}; tokenising {p['tokenize_us_per_token']:g} us/token;"
+            f" model TTFT {p['ttft_ms']:g} ms; medians, ms"
+        )
+    return (
+        f"{tok['upstream']}; {runs}; answers of at most {p['output_tokens']} tokens; model time"
+        " and preprocessing from llama.cpp's own timings; medians, ms"
+    )
+
+
 def table(tok: dict[str, Any]) -> str:
     """The per-size table: medians over every measured turn."""
-    p = tok["profile"]
     lines = [
-        f"\ntokens  ({tok['upstream']}; {p['turns']} continuation turns x {p['reps']} reps per"
-        f" size and path; tokenising {p['tokenize_us_per_token']:g} us/token; model TTFT"
-        f" {p['ttft_ms']:g} ms; medians, ms)",
-        f"  {'history':>8} {'path':<7} {'TTFT':>9} {'outside':>9} {'tokenise':>9}"
-        f" {'tok. ids':>9} {'reuse':>9} {'wsmode':>9} {'upstream':>9}",
-        f"  {'':>8} {'':<7} {'':>9} {'':>9} {'':>9} {'':>9} {'':>9} {'CPU/turn':>9}"
-        f" {'CPU/turn':>9}",
+        f"\ntokens  ({_settings(tok)})",
+        f"  {'history':>8} {'path':<7} {'TTFT':>9} {'outside':>9} {'preproc.':>9}"
+        f" {'tokenised':>9} {'reuse':>9} {'wsmode':>9} {'upstream':>9}",
+        f"  {'':>8} {'':<7} {'':>9} {'the model':>9} {'(server)':>9} {'(server)':>9} {'':>9}"
+        f" {'CPU/turn':>9} {'CPU/turn':>9}",
     ]
     for row in tok["sizes"]:
         for path in ("chat", "tokens"):
@@ -138,7 +149,7 @@ def chart(tok: dict[str, Any], path: Path) -> str | None:
                   label=f"upstream.api = {api}: time outside the model")  # fmt: skip
         if rows and rows[0][api]["tokenize_p50_ms"] is not None:
             left.plot(xs, [r[api]["tokenize_p50_ms"] for r in rows], ":", color=color,
-                      marker=style[0], label=f"{api}: the server's tokenising")  # fmt: skip
+                      marker=style[0], label=f"{api}: the server's preprocessing")  # fmt: skip
         right.plot(xs, [r[api]["wsmode_cpu_ms_per_turn"] for r in rows], style, color=color,
                    label=f"upstream.api = {api}")  # fmt: skip
     for ax in (left, right):

@@ -26,6 +26,9 @@ before it is serialised and written, and `metadata.sim_output_tokens: "N"` overr
 those of a server that echoes little (`events.partial_response`).
 `metadata.sim_cached_tokens: "N"` makes the terminal usage report N of the input tokens (at
 most all of them) as served from a prompt cache (`input_tokens_details.cached_tokens`).
+With `tokenize_us_per_token` above 0 a request pays that CPU per token of its whole input
+before it answers, as a server that renders and tokenises the whole history every turn does
+(the Chat endpoint and the token endpoints pay the same per token, sim/tokens.py).
 
 Prefix cache (sim/prefix_cache.py, off by default): with `prefix_cache_tokens` above 0 each
 process keeps an LRU of prompt blocks and reports the tokens found there as cached in the
@@ -97,6 +100,8 @@ async def _responses(request: web.Request) -> web.StreamResponse:
                 "context_length_exceeded",
                 "input",
             )
+    if cfg.tokenize_us_per_token > 0:  # a real server tokenises the whole rendered history
+        state.tokenizing(count_tokens(body))
     meta = body.get("metadata")
     if not isinstance(meta, dict):
         meta = {}

@@ -34,7 +34,6 @@ from ..core import wire
 from ..core.ids import new_id
 from .http import error, inject_fault, read_request
 from .model import Plan, ToolCall, count_tokens, plan
-from .vocab import burn
 
 if TYPE_CHECKING:
     from .state import SimState
@@ -231,10 +230,7 @@ async def chat_completions(request: web.Request, state: SimState) -> web.StreamR
     after = int(arg) if arg.isdigit() else 3
     view = responses_view(body)
     if cfg.tokenize_us_per_token > 0:  # a real server tokenises the whole rendered history
-        began = time.perf_counter_ns()
-        n = count_tokens(view)
-        burn(cfg.tokenize_us_per_token, n)
-        state.tokenized(n, time.perf_counter_ns() - began)
+        state.tokenizing(count_tokens(view))
     p = plan(
         view,
         seed=cfg.seed,

@@ -27,7 +27,8 @@ class SimSettings:
     prefix_cache_block_tokens: int = 16  # tokens per cached block (vLLM's default)
     # ---- the token endpoints (sim/tokens.py): llama.cpp's, vLLM's and SGLang's
     # CPU time burnt per token whenever the sim tokenises text (a tokenize endpoint, a
-    # string prompt, and the rendered history of a /v1/chat/completions request)
+    # string prompt, and the whole history of a /v1/responses or /v1/chat/completions
+    # request), per token of sim/model.py's counting tokenizer (4 bytes) everywhere
     tokenize_us_per_token: float = 0.0
     # SGLang's `--incremental-streaming-output`: streamed text and ids are deltas, not the
     # whole output so far

@@ -5,6 +5,7 @@ faults it was given, the counts `GET /sim/stats` reports, and the prefix cache. 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ from aiohttp import web
 
 from .prefix_cache import Lookup, PrefixCache, prompt_bytes
 from .settings import SimSettings
+from .vocab import burn
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,9 @@ class SimState:
     prefill_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one prefill at a time
     # the token endpoints' prompt cache (sim/tokens.py): per slot, the ids it last held
     token_slots: dict[int, list[int]] = field(default_factory=dict)
+    # and per slot its last prompt with that prompt's text, so a continuation decodes only
+    # the ids after it
+    token_slot_prompts: dict[int, tuple[list[int], str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         cfg = self.settings
@@ -79,6 +84,14 @@ class SimState:
         """Count one tokenisation: `tokens` tokens in `ns` nanoseconds."""
         self.tokenized_tokens += tokens
         self.tokenize_ns += ns
+
+    def tokenizing(self, tokens: int, began_ns: int | None = None) -> None:
+        """Pay the configured tokenising cost for `tokens` tokens of the counting tokenizer
+        (sim/model.py, 4 bytes each: the same unit on every endpoint), CPU spent busily, and
+        count them with the time since `began_ns` (from now when not given)."""
+        began = time.perf_counter_ns() if began_ns is None else began_ns
+        burn(self.settings.tokenize_us_per_token, tokens)
+        self.tokenized(tokens, time.perf_counter_ns() - began)
 
     @contextmanager
     def streaming(self) -> Iterator[None]:

@@ -85,7 +85,7 @@ async def _vllm_generate(request: web.Request) -> web.StreamResponse:
     if isinstance(body, web.Response):
         return body
     ids, params, model = body.get("token_ids"), body.get("sampling_params"), body.get("model")
-    if not isinstance(ids, list) or not ids or not all(wire.is_int(t) and t >= 0 for t in ids):
+    if not isinstance(ids, list) or not ids or not vocab.all_ints(ids) or min(ids) < 0:
         return _vllm_error(400, "token_ids must be a non-empty list of non-negative ids")
     if not isinstance(params, dict):
         return _vllm_error(400, "sampling_params is required")
@@ -123,7 +123,7 @@ async def _vllm_generate(request: web.Request) -> web.StreamResponse:
         t0 = time.monotonic()
         steps = [[t] for t in gen.ids] or [[]]  # nothing generated: the finish alone
         for i, step in enumerate(steps):
-            await pace(cfg, t0, i)
+            await pace(cfg, t0, gen.steps[i] if i < len(gen.steps) else 0)
             last = i == len(steps) - 1
             choice = {"index": 0, "logprobs": None, "finish_reason": finish if last else None}
             choice["token_ids"] = step
@@ -183,7 +183,7 @@ async def _sglang_generate(request: web.Request) -> web.StreamResponse:
     ids, text = body.get("input_ids"), body.get("text")
     if isinstance(text, str) and ids is None:
         ids = encode(state, text, add_special=True, parse_special=True)
-    if not isinstance(ids, list) or not all(wire.is_int(t) for t in ids):
+    if not isinstance(ids, list) or not vocab.all_ints(ids):
         return _sglang_error("Either text, input_ids or input_embeds should be provided.")
     if not ids:
         return _sglang_error("input_ids cannot be empty.")
@@ -216,7 +216,7 @@ async def _sglang_generate(request: web.Request) -> web.StreamResponse:
         await resp.prepare(request)
         t0 = time.monotonic()
         for i in range(max(1, len(gen.ids))):
-            await pace(cfg, t0, i)
+            await pace(cfg, t0, gen.steps[i] if i < len(gen.steps) else 0)
             upto = min(i + 1, len(gen.ids))
             doc = event(upto, i if cfg.sglang_incremental_output else 0)
             if upto == len(gen.ids):

@@ -26,7 +26,14 @@ prompt and the ids generated after it, but the last (sampled, never evaluated), 
 llama.cpp's slot does: a prompt's cached tokens are its longest common prefix with them,
 never the whole prompt (the last prompt token is always evaluated).
 
-`tokenize_us_per_token` burns CPU per token wherever the sim tokenises text.
+`tokenize_us_per_token` burns CPU per token wherever the sim tokenises text, counted in the
+tokens of sim/model.py (4 bytes each) on every endpoint, so a byte costs the same on each.
+
+The answer is planned from the prompt's turns (sim/rendered.py) with `tool_calls_per_turn`,
+as on `/v1/responses`; a tool call is written as the template renders it
+(`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`). The stream is paced per model
+token of the plan (a word, or a piece of the tool call's arguments), whatever number of ids
+the vocabulary makes of it, so an answer takes the same time on every endpoint.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -43,9 +50,9 @@ from aiohttp import web
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..core import wire
-from . import vocab
+from . import rendered, vocab
 from .http import read_request
-from .model import plan, tokenize
+from .model import plan, token_count, tokenize
 from .settings import SimSettings
 from .state import SIM_STATE, SimState
 
@@ -76,12 +83,12 @@ def render(messages: list[Any], tools: list[Any] | None, *, add_generation_promp
 
 
 def encode(state: SimState, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-    """The vocabulary's ids, paying the configured tokenising cost (counted in the state)."""
+    """The vocabulary's ids, paying the configured tokenising cost (counted in the state) for
+    the text's tokens in the unit every endpoint is charged in (sim/model.py `token_count`)."""
     t0 = time.perf_counter_ns()
     pairs = state.settings.tokenizer == "pairs"
     ids = vocab.encode(text, add_special=add_special, parse_special=parse_special, pairs=pairs)
-    vocab.burn(state.settings.tokenize_us_per_token, len(ids))
-    state.tokenized(len(ids), time.perf_counter_ns() - t0)
+    state.tokenizing(token_count(text), t0)
     return ids
 
 
@@ -92,14 +99,47 @@ class Generation:
     stop: str  # llama.cpp's stop_type: "eos", "limit" (the token limit) or "word"
     word: str  # the stop string that ended it ("word")
     cached: int  # prompt tokens found in the slot's cache
+    # per id, the model token (a word of the plan) it belongs to: the stream is paced per
+    # model token, as on the other endpoints, however many ids the vocabulary makes of it
+    steps: list[int] = field(default_factory=list)
+    prompt_text: str = ""  # the prompt's ids decoded
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case, a continuation: compared at C speed
+        return n
     i = 0
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def _decoded(state: SimState, slot: int, prompt: list[int]) -> str:
+    """The prompt's text; a continuation of the slot's last prompt decodes only its rest."""
+    held, text = state.token_slot_prompts.get(slot, ([], ""))
+    if held and len(prompt) >= len(held) and prompt[: len(held)] == held:
+        text += vocab.decode(prompt[len(held) :])
+    else:
+        text = vocab.decode(prompt)
+    state.token_slot_prompts[slot] = (prompt, text)
+    return text
+
+
+def _steps(units: list[str], ids: list[int]) -> list[int]:
+    """Per id, the index of the unit its text starts in (the ids decode to the units,
+    joined)."""
+    ends, at = [], 0
+    for unit in units:
+        at += len(unit)
+        ends.append(at)
+    out, offset, k = [], 0, 0
+    for token in ids:
+        while k < len(ends) - 1 and offset >= ends[k]:
+            k += 1
+        out.append(k)
+        offset += len(vocab.piece(token))
+    return out
 
 
 def generate(
@@ -112,12 +152,20 @@ def generate(
     use_cache: bool = True,
 ) -> Generation:
     """What the model says after `prompt` (ids inside the vocabulary), and the slot's cache
-    updated with it."""
+    updated with it: planned from the prompt's turns (sim/rendered.py), a tool call written
+    as the template renders one."""
     cfg = state.settings
-    said = vocab.decode(prompt)
-    p = plan({"input": said}, seed=cfg.seed, output_tokens=cfg.output_tokens, tool_calls_per_turn=0)
-    text, reason, word = "".join(p.tokens), "eos", ""
-    if said.rfind(THINK_OPEN) > said.rfind(THINK_CLOSE):  # the prompt opened a think block
+    key = max(slot, 0)
+    decoded = _decoded(state, key, prompt)
+    p = plan(
+        rendered.view(decoded),
+        seed=cfg.seed,
+        output_tokens=cfg.output_tokens,
+        tool_calls_per_turn=cfg.tool_calls_per_turn,
+    )
+    units = p.tokens if p.tool_call is None else rendered.tool_call_text(p.tool_call)
+    text, reason, word = "".join(units), "eos", ""
+    if decoded.rfind(THINK_OPEN) > decoded.rfind(THINK_CLOSE):  # the prompt opened a think block
         words = text.split(" ")
         half = max(1, len(words) // 2)
         text = " ".join(words[:half]) + f"\n{THINK_CLOSE}\n\n" + " ".join(words[half:])
@@ -128,11 +176,12 @@ def generate(
     ids = vocab.encode(text, parse_special=False, pairs=cfg.tokenizer == "pairs")
     if limit is not None and 0 <= limit < len(ids):
         ids, reason, word = ids[:limit], "limit", ""
-    key = max(slot, 0)
     held = state.token_slots.get(key, [])
     cached = min(_common_prefix(prompt, held), len(prompt) - 1) if use_cache else 0
     state.token_slots[key] = prompt + ids[:-1]
-    return Generation(ids, [vocab.piece(t) for t in ids], reason, word, max(0, cached))
+    pieces = [vocab.piece(t) for t in ids]
+    steps = _steps(units, ids)
+    return Generation(ids, pieces, reason, word, max(0, cached), steps, decoded)
 
 
 async def pace(cfg: SimSettings, t0: float, token: int) -> None:
@@ -151,6 +200,11 @@ def sse_response() -> web.StreamResponse:
 
 
 # ------------------------------------------------------------------------------ llama.cpp
+
+
+def _json(doc: dict[str, Any]) -> web.Response:
+    """A JSON answer, serialised by orjson (a long prompt's ids are many)."""
+    return web.Response(body=wire.dumps(doc), content_type="application/json")
 
 
 def _llama_error(status: int, message: str) -> web.Response:
@@ -222,7 +276,7 @@ async def _tokenize(request: web.Request) -> web.Response:
         answer["tokens"] = ids
         if body.get("return_token_strs") is True:
             answer["token_strs"] = [vocab.piece(t) for t in ids]
-        return web.json_response(answer)
+        return _json(answer)
     if not isinstance(content, str):
         return _llama_error(400, "'content' is required")
     if "parse_special" not in body:  # the sim's older answer, the counting tokenizer's
@@ -233,7 +287,7 @@ async def _tokenize(request: web.Request) -> web.Response:
         add_special=body.get("add_special") is True,
         parse_special=body.get("parse_special") is True,
     )
-    return web.json_response({"tokens": ids})
+    return _json({"tokens": ids})
 
 
 async def _detokenize(request: web.Request) -> web.Response:
@@ -244,7 +298,7 @@ async def _detokenize(request: web.Request) -> web.Response:
     if isinstance(body, web.Response):
         return body
     tokens = body.get("tokens")
-    if not isinstance(tokens, list) or not all(wire.is_int(t) for t in tokens):
+    if not isinstance(tokens, list) or not vocab.all_ints(tokens):
         return _llama_error(400, "'tokens' must be a list of token ids")
     if (bad := vocab.out_of_range(tokens)) is not None:
         return _llama_error(400, f"token id {bad} is out of the vocabulary")
@@ -266,7 +320,7 @@ async def _completion(request: web.Request) -> web.StreamResponse:
     raw = body.get("prompt")
     if isinstance(raw, str):
         prompt = encode(state, raw, add_special=True, parse_special=True)
-    elif isinstance(raw, list) and raw and all(wire.is_int(t) for t in raw):
+    elif isinstance(raw, list) and raw and vocab.all_ints(raw):
         prompt = list(raw)
     else:
         return _llama_error(400, "'prompt' must be a string or a list of token ids")
@@ -301,7 +355,7 @@ async def _completion(request: web.Request) -> web.StreamResponse:
         await resp.prepare(request)
         t0 = time.monotonic()
         for i, (token, text) in enumerate(zip(gen.ids, gen.pieces, strict=True)):
-            await pace(cfg, t0, i)
+            await pace(cfg, t0, gen.steps[i])
             event: dict[str, Any] = {"index": 0, "content": text}
             event["tokens"] = [token] if with_ids else []
             event.update(stop=False, id_slot=-1, tokens_predicted=i + 1)
@@ -348,7 +402,7 @@ def _final(
         "tokens_predicted": n,
         "tokens_evaluated": m,
         "generation_settings": {"n_predict": body.get("n_predict", -1), "seed": body.get("seed")},
-        "prompt": vocab.decode(prompt),
+        "prompt": gen.prompt_text,
         "has_new_line": "\n" in "".join(gen.pieces),
         "truncated": False,
         "stop_type": gen.stop,

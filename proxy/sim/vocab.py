@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any
 
 SPECIALS = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<start_of_turn>": 3, "<end_of_turn>": 4}
 PAD, EOS, BOS = 0, 1, 2
@@ -31,6 +32,13 @@ _SPLIT = re.compile("(" + "|".join(re.escape(s) for s in SPECIALS) + ")")
 
 
 def _encode_text(text: str, out: list[int], pairs: bool = True) -> None:
+    if pairs and text.isascii():  # every character pairs with the next: the pairs' ids at once
+        data = text.encode()
+        n = len(data) - len(data) % 2
+        out += [_SPECIAL_IDS + 128 * a + b for a, b in zip(data[0:n:2], data[1:n:2], strict=True)]
+        if n < len(data):
+            out.append(_PAIR_END + data[-1])
+        return
     i, n = 0, len(text)
     while i < n:
         c = ord(text[i])
@@ -73,12 +81,27 @@ def piece(token: int) -> str:
     raise ValueError(f"token id {token} is out of the vocabulary (0..{VOCAB_SIZE - 1})")
 
 
+# the text of every id below _PAIR_END (the specials, then the pairs): a lookup, not a call
+_PIECES = [_SPECIAL_TEXT.get(t, "") for t in range(_SPECIAL_IDS)] + [
+    chr(p // 128) + chr(p % 128) for p in range(128 * 128)
+]
+
+
 def decode(tokens: list[int]) -> str:
-    return "".join(piece(t) for t in tokens)
+    """The text of ids inside the vocabulary (`out_of_range` finds any other)."""
+    table = _PIECES
+    return "".join([table[t] if t < _PAIR_END else chr(t - _PAIR_END) for t in tokens])
+
+
+def all_ints(values: list[Any]) -> bool:
+    """Every value a JSON integer as decoded (a bool is not one)."""
+    return set(map(type, values)) <= {int}
 
 
 def out_of_range(tokens: list[int]) -> int | None:
     """The first id outside the vocabulary, if any."""
+    if not tokens or (min(tokens) >= 0 and max(tokens) < VOCAB_SIZE):
+        return None
     for t in tokens:
         if not 0 <= t < VOCAB_SIZE:
             return t

@@ -34,14 +34,24 @@ def test_smallest_bench_run_writes_a_complete_report(tmp_path: Path) -> None:
 
     agent = report["agent-loop"]
     cell = agent["cells"][0]
-    for name in ("http-direct", "ws-wsmode"):
+    for name in ("http-direct", "ws-wsmode", "ws-wsmode-tokens"):
         c = cell["contenders"][name]
         assert c["errors"] == [] and len(c["runs_s"]) == cell["reps"]
         assert c["turns"] == 3  # two tool calls, then the answer
-    # the WebSocket contender sent only deltas; HTTP sent the history every turn
+    # the WebSocket contenders sent only deltas; HTTP sent the history every turn. The token
+    # path's model (the sim's llama.cpp /completion) called the tools as the others' did
     ws, http = cell["contenders"]["ws-wsmode"], cell["contenders"]["http-direct"]
-    assert ws["bytes_sent"] < http["bytes_sent"]
-    assert cell["ideal_s"] > 0
+    tokens = cell["contenders"]["ws-wsmode-tokens"]
+    assert max(tokens["bytes_sent"], ws["bytes_sent"]) < http["bytes_sent"]
+    # the ideal: the model's own time, its tokenising of each turn's new input (the tool
+    # outputs, in the same units on every path) and a round trip per turn
+    assert agent["profile"]["tokenize_us_per_token"] > 0
+    assert 0 < http["ideal_tokenize_s"] == tokens["ideal_tokenize_s"] < http["model_s"]
+    assert cell["ideal_s"] == pytest.approx(
+        http["model_s"] + http["ideal_tokenize_s"] + 3 * cell["rtt_ms"] / 1000, abs=1e-3
+    )
+    names = [t["name"] for t in report["targets"] if t["name"].startswith("agent loop")]
+    assert sum("token path" in n for n in names) == 3 and len(names) == 6
     if "http-sidecar" not in cell["contenders"]:
         assert any("sidecar" in note for note in agent["notes"])
 

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from wsmode.bench import affinity
-from wsmode.bench.runner import FULL, QUICK
+from wsmode.bench.procs import TOKENIZE_US_PER_TOKEN
+from wsmode.bench.runner import FULL, QUICK, SMOKE
 
 
 def test_quick_plan_has_every_cell_the_targets_read() -> None:
@@ -48,3 +49,10 @@ def test_quick_affinity_keeps_the_default_regime() -> None:
     assert d.ttft_ms / q.ttft_ms == speed
     share = q.cache_tokens() / q.working_set_tokens() - d.cache_tokens() / d.working_set_tokens()
     assert abs(share) < 1e-3  # each cache the same part of the working set
+
+
+def test_the_agent_loop_and_the_tokens_scenario_charge_one_tokenising_cost() -> None:
+    """Every plan's model tokenises at the same cost per token as the tokens scenario's."""
+    costs = {p.profile.tokenize_us_per_token for p in (FULL, QUICK, SMOKE)}
+    costs |= {p.tokens.tokenize_us_per_token for p in (FULL, QUICK, SMOKE)}
+    assert costs == {TOKENIZE_US_PER_TOKEN} and TOKENIZE_US_PER_TOKEN > 0
