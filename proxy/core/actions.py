@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .records import record
+
 if TYPE_CHECKING:
     from .context.tokens import TokenJob
     from .errors import ProxyError
@@ -52,7 +54,7 @@ class Send:
     final: dict[str, Any] | None = field(default=None, compare=False)
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class Relay:
     """Frames for the client with nothing typed beside them: the ordinary events of one
     upstream chunk (deltas, item events) as the dialect's translator returned them (from a
@@ -72,7 +74,7 @@ def frames_of(actions: Iterable[Action]) -> list[bytes]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class RunCreated:
     """A run exists from now on: a create was queued, or a steer's automatic successor.
     Adapters start tracing it here (the client's message size is known to them)."""
@@ -90,7 +92,7 @@ class RunCreated:
     client_metadata: dict[str, Any] | None = field(default=None, compare=False)
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class Route:
     """Where a run's request should go, for the upstream pool to decide (upstream/pool.py):
     the replica that served the run's parent (None: a new chain, or one never served), and
@@ -101,7 +103,7 @@ class Route:
     chain: str
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class StartUpstream:
     run_id: int
     body: list[bytes]  # pieces of the JSON body, concatenated by the adapter
@@ -115,7 +117,7 @@ class StartUpstream:
     tokens: TokenPrompt | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class CancelUpstream:
     """Stop reading the run's upstream request and close it (no draining: generation must
     stop there). The executor is the only place this is acted on."""
@@ -123,13 +125,13 @@ class CancelUpstream:
     run_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class Close:
     code: int
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class Finished:
     """A run ended: everything logs, metrics, usage records and the console need of it, so
     that no observer reads frames back."""
@@ -155,7 +157,7 @@ class Finished:
     tokens: TokenUse | None = field(default=None, compare=False)
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class LoadStored:
     """Read the stored response `response_id` of `owner` from the response store (in this
     process, or Redis), then answer with `StoredLoaded` (found, not found, or the store
@@ -166,7 +168,7 @@ class LoadStored:
     owner: str
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class SaveStored:
     """Write a finished response to the response store, then answer with `StoredSaved`. The
     run waits in SAVING meanwhile and its terminal event goes out after the answer, so that a
@@ -179,14 +181,14 @@ class SaveStored:
     owner: str
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class CountTokens:
     """Tokenize these items in the background, then call `ContextManager.record_counts`."""
 
     jobs: tuple[TokenJob, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class Summarise:
     """Send this summarising request upstream and answer with `SummaryDone` or
     `SummaryFailed`. Nothing of it reaches the client. `route`: the run's chain's, so the

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from immutables import Map
@@ -44,6 +44,7 @@ from lru import LRU
 
 from . import wire
 from .memory import MemoryBudget
+from .records import record
 from .tokens.chain import TokenTurn
 
 _UNBOUNDED = 2**31 - 1  # lru-dict needs a size; we evict by our own budgets, never by this
@@ -101,7 +102,7 @@ def orphan_output(calls: CallIndex, items: Iterable[bytes]) -> tuple[int, str, s
     return None
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@record(eq=False)
 class Segment:
     """The items one response added to its conversation: its new input, then its output."""
 
@@ -149,7 +150,7 @@ def linked(segments: Iterable[Segment]) -> Link | None:
     return last
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@record(eq=False)
 class CachedResponse:
     id: str
     lane: str | None  # the lane it ran on: same-lane failures evict, cross-lane forks do not

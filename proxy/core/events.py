@@ -21,26 +21,26 @@ A reply for a run that has ended meanwhile (cancelled, the client gone) is ignor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from .actions import CountTokens, LoadStored, SaveStored, StartUpstream, Summarise
 from .context.manager import SummaryResult
 from .context.tokens import TokenJob
 from .errors import ProxyError, UpstreamError
+from .records import record
 from .store import StoredResponse, WriteResult
 
 # ---- the client
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class ClientMessage:
     """One WebSocket text frame from the client, as received."""
 
     data: str | bytes
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class HttpCreate:
     """One plain HTTP `POST /v1/responses`: its body (a JSON object) and its size."""
 
@@ -48,7 +48,7 @@ class HttpCreate:
     nbytes: int
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class ClientStalled:
     """A write of `run_id`'s events stayed blocked for `timeout` seconds."""
 
@@ -56,7 +56,7 @@ class ClientStalled:
     timeout: float
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class ClientGone:
     """The socket closed, or the HTTP client left."""
 
@@ -64,17 +64,17 @@ class ClientGone:
 # ---- the server's life
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class DrainBegun:
     """The server drains: later creates are refused, the runs there finish."""
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class DrainOver:
     """The drain's grace is over: whatever still runs is cut."""
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class LifetimeOver:
     """The connection's lifetime is up (docs/protocol.md "Limits")."""
 
@@ -82,7 +82,7 @@ class LifetimeOver:
 # ---- the upstream request of a run
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class Routed:
     """The request of `start` went to `replica` (upstream/pool.py)."""
 
@@ -90,7 +90,7 @@ class Routed:
     replica: str
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class PromptTokenized:
     """The token path: the server tokenised the new text of the run's prompt into `ids`
     (core/tokens/dialect.py); the prompt sent is the kept ids and these."""
@@ -99,7 +99,7 @@ class PromptTokenized:
     ids: list[int]
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class UpstreamChunk:
     """One raw chunk of the upstream's event stream, as read."""
 
@@ -107,14 +107,14 @@ class UpstreamChunk:
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class UpstreamEnded:
     """The upstream's body ended."""
 
     run_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class UpstreamFailed:
     """The upstream request failed: an error status, a connect error, a stall, a cut."""
 
@@ -122,7 +122,7 @@ class UpstreamFailed:
     error: UpstreamError
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class InputRefused:
     """The moderation hook refused the new input of `start` (a `ClientError`), or could not
     answer and fails closed; no model request was made."""
@@ -134,7 +134,7 @@ class InputRefused:
 # ---- replies to the session's own requests
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class StoredLoaded:
     """The answer to `request`: the stored parent, None when it is not stored for the
     credential, `unavailable` when the store could not answer."""
@@ -144,7 +144,7 @@ class StoredLoaded:
     unavailable: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class StoredSaved:
     """The answer to `request`: stored, the id already stored (never overwritten), or the
     write dropped (the store unavailable)."""
@@ -153,7 +153,7 @@ class StoredSaved:
     result: WriteResult
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class SummaryDone:
     """The summarising request `request` of a compaction finished."""
 
@@ -161,13 +161,13 @@ class SummaryDone:
     result: SummaryResult
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class SummaryFailed:
     request: Summarise
     error: UpstreamError
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class TokensCounted:
     """The upstream's tokenizer counted the items of `job`, one of `request`'s, exactly."""
 

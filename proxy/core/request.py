@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from . import wire
 from .errors import ClientError, invalid, missing, wrong_type
+from .records import record
 
 STREAM_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 _COMPACTION = b'"compaction'  # in every compaction item and trigger, as its type
@@ -59,7 +59,7 @@ _TYPES: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class CreateRequest:
     lane: str | None  # `stream_id`; None is the default lane
     previous_response_id: str | None

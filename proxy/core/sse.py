@@ -12,9 +12,8 @@ and the summarising requests report it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .errors import UpstreamError
+from .records import record
 
 
 class SSEEventTooLarge(UpstreamError):
@@ -24,7 +23,7 @@ class SSEEventTooLarge(UpstreamError):
         super().__init__(message, started=True, code="upstream_event_too_large")
 
 
-@dataclass(frozen=True, slots=True)
+@record()
 class SSEEvent:
     event: str | None  # the `event:` field, None when absent (the spec's "message")
     data: bytes  # the `data:` lines joined with b"\n"

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
 
 import aiohttp
+from aiohttp.streams import EofStream
 from yarl import URL
 
 from ..config import UpstreamSettings
@@ -167,6 +168,35 @@ def split_credentials(url: str) -> tuple[str, str | None]:
         return url, None
     pair = f"{u.user or ''}:{u.password or ''}".encode()
     return without_userinfo(url), "Basic " + base64.b64encode(pair).decode("ascii")
+
+
+class _Chunks:
+    """The raw chunks of an answer's body, a network failure raised as `UpstreamError`.
+    A class, not an async generator: a run leaves it at its terminal event, unfinished, and
+    asyncio finalizes such a generator with a wake-up of the loop through its self-pipe
+    (two system calls and a loop iteration per turn)."""
+
+    def __init__(
+        self,
+        resp: aiohttp.ClientResponse,
+        translate: Callable[[BaseException, bool], UpstreamError],
+    ) -> None:
+        self._read = resp.content.readany
+        self._translate = translate
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            chunk = await self._read()
+        except EofStream:
+            raise StopAsyncIteration from None
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise self._translate(exc, True) from exc
+        if not chunk:
+            raise StopAsyncIteration
+        return chunk
 
 
 def request_body(pieces: list[bytes]) -> bytes:
@@ -411,16 +441,8 @@ class UpstreamClient:
         kind = ConnectFailed if isinstance(exc, aiohttp.ClientConnectorError) else UpstreamError
         return kind(message, status=502, code="upstream_unavailable")
 
-    async def _chunks(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-        it = resp.content.iter_any().__aiter__()
-        while True:
-            try:
-                chunk = await it.__anext__()
-            except StopAsyncIteration:
-                return
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                raise self._translate(exc, started=True) from exc
-            yield chunk
+    def _chunks(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        return _Chunks(resp, self._translate)
 
     async def _error_body(self, resp: aiohttp.ClientResponse) -> bytes:
         limit = self.settings.max_error_body_bytes
