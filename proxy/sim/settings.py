@@ -29,6 +29,9 @@ class SimSettings:
     # SGLang's `--incremental-streaming-output`: streamed text and ids are deltas, not the
     # whole output so far
     sglang_incremental_output: bool = False
+    # words of reasoning the token endpoints' answers open with, as `<think>...</think>`
+    # (a reasoning model, Qwen3 say); 0: none
+    think_words: int = 0
 
     def __post_init__(self) -> None:
         if self.prefill_tokens_per_second < 0 or self.prefix_cache_tokens < 0:
@@ -37,5 +40,7 @@ class SimSettings:
             )
         if self.tokenize_us_per_token < 0:
             raise ValueError("sim.tokenize_us_per_token must not be negative")
+        if self.think_words < 0:
+            raise ValueError("sim.think_words must not be negative")
         if self.prefix_cache_block_tokens < 1:
             raise ValueError("sim.prefix_cache_block_tokens must be at least 1")

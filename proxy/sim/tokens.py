@@ -19,7 +19,14 @@ llama.cpp (llama-server, `tools/server/README.md`), in the shapes a real one ans
 
 The generated text is the sim's usual (sim/model.py `plan`, from the decoded prompt),
 tokenised with the vocabulary; a stop string cuts it ("word"), the token limit cuts the ids
-("limit"). A prompt cache per slot (`id_slot`, -1 is slot 0) remembers the last prompt and
+("limit"). With `think_words` it opens with `<think>` and that many words `</think>`. When
+the prompt lists tools in a `<tools>` block (one JSON object per line, as the sim's template
+writes them) and fewer than `tool_calls_per_turn` tool responses (`<tool_response>` turns)
+follow the last user turn, the answer is a Hermes call of the first tool,
+`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, its arguments the sim's usual
+(`{"n": ..., "q": ...}`), streamed a token at a time like text.
+
+A prompt cache per slot (`id_slot`, -1 is slot 0) remembers the last prompt and
 the ids generated after it, but the last (sampled, never evaluated), as llama.cpp's slot
 does: a prompt's cached tokens are its longest common prefix with them, never the whole
 prompt (the last prompt token is always evaluated).
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from dataclasses import dataclass
 from functools import cache
@@ -110,13 +118,29 @@ def generate(
     """What the model says after `prompt` (ids inside the vocabulary), and the slot's cache
     updated with it."""
     cfg = state.settings
-    p = plan(
-        {"input": vocab.decode(prompt)},
-        seed=cfg.seed,
-        output_tokens=cfg.output_tokens,
-        tool_calls_per_turn=0,
-    )
-    text, reason, word = "".join(p.tokens), "eos", ""
+    decoded = vocab.decode(prompt)
+    body: dict[str, Any] = {"input": decoded}
+    tool = _tool_to_call(decoded, cfg.tool_calls_per_turn)
+    if tool is not None:
+        body["tools"] = [{"type": "function", "name": tool}]
+        body["tool_choice"] = "required"
+    p = plan(body, seed=cfg.seed, output_tokens=cfg.output_tokens, tool_calls_per_turn=0)
+    if p.tool_call is not None:
+        call = p.tool_call
+        text = (
+            f'<tool_call>\n{{"name": "{call.name}", "arguments": {call.arguments}}}\n</tool_call>'
+        )
+    else:
+        text = "".join(p.tokens)
+    if cfg.think_words > 0:
+        thought = plan(
+            {"input": decoded + "\nthink"},
+            seed=cfg.seed,
+            output_tokens=cfg.think_words,
+            tool_calls_per_turn=0,
+        )
+        text = f"<think>{''.join(thought.tokens)}</think>{text}"
+    reason, word = "eos", ""
     cuts = [(text.find(s), s) for s in stop if s and s in text]
     if cuts:
         at, word = min(cuts)
@@ -129,6 +153,27 @@ def generate(
     cached = min(_common_prefix(prompt, held), len(prompt) - 1) if use_cache else 0
     state.token_slots[key] = prompt + ids[:-1]
     return Generation(ids, [vocab.piece(t) for t in ids], reason, word, max(0, cached))
+
+
+_TOOLS = re.compile(r"<tools>\n(.*?)</tools>", re.S)
+_TOOL_NAME = re.compile(r'"name": "([^"]+)"')
+_USER_TURN = "<start_of_turn>user\n"
+
+
+def _tool_to_call(prompt: str, per_turn: int) -> str | None:
+    """The first tool the prompt lists, if the model should call it now: fewer than
+    `per_turn` tool responses follow the last user turn."""
+    listed = _TOOLS.search(prompt)
+    names = _TOOL_NAME.findall(listed.group(1)) if listed else []
+    if not names or per_turn <= 0:
+        return None
+    turns = prompt.split(_USER_TURN)[1:]
+    responses = 0
+    for turn in reversed(turns):
+        if not turn.startswith("<tool_response>"):
+            break
+        responses += 1
+    return str(names[0]) if responses < per_turn else None
 
 
 async def pace(cfg: SimSettings, t0: float, token: int) -> None:

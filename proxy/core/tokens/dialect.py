@@ -2,11 +2,13 @@
 template, keeps each response's ids, sends ids to the engine's generate endpoint and parses the
 generated text into Responses events itself.
 
-A turn's request is a `TokenPrompt`: the parent's kept ids (core/tokens/chain.py) and the new
-text to tokenise. The runner asks the server to tokenise that text, reports its ids
-(`PromptTokenized`) and sends the prompt; the stream is read by `TokenStream`, which feeds the
-engine's deltas through the output parser (core/tokens/parsers.py) into the canonical event
-sequence (core/dialects/builder.py).
+A turn's request is a `TokenPrompt`: the parent's kept ids (core/tokens/chain.py) and the
+text no kept ids cover, in gaps (normally one: the new text), found by rendering only the new
+messages where the template allows (core/tokens/incremental.py) and lining the parent's chain
+up with the text (core/tokens/walk.py). The runner asks the server to tokenise each gap,
+reports their ids (`PromptTokenized`) and sends the prompt; the stream is read by
+`TokenStream`, which feeds the engine's deltas through the output parser
+(core/tokens/parsers.py) into the canonical event sequence (core/dialects/builder.py).
 
 Summaries of a compaction, which are the proxy's own requests, go over the server's Chat
 Completions endpoint (every engine serves one): `body`, `path` and `translator` are the Chat
@@ -16,6 +18,7 @@ dialect's.
 from __future__ import annotations
 
 import hashlib
+import logging
 from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,7 +28,7 @@ from .. import wire
 from ..api_objects import usage_of
 from ..context.render import context_length_exceeded
 from ..conversation import CachedResponse
-from ..dialects.builder import BuiltStream
+from ..dialects.builder import BuiltStream, OutputBuilder
 from ..dialects.chat import ChatDialect, ChatStream, namespace_names
 from ..dialects.chat_request import messages as chat_messages
 from ..dialects.chat_settings import chat_settings
@@ -35,25 +38,32 @@ from ..sse import SSEEvent
 from ..urls import ROOT
 from .chain import (
     Continuation,
+    Gap,
     Segment,
     TokenTurn,
     TokenUse,
-    continue_from,
     fresh,
     new_ids,
     prompt_json,
-    split_at_turns,
+    turn_after,
 )
 from .engine import EngineUsage, Generated, Sampling, TokenEngine
+from .incremental import Rendered, RenderMemo, render_turn
+from .naming import named
 from .parsers import (
     BrokenCall,
+    CallArgs,
     CallPiece,
+    CallStart,
     OutputParser,
     ReasoningEnd,
     ReasoningPiece,
     TextPiece,
 )
-from .template import ChatTemplate, object_arguments
+from .template import ChatTemplate, TemplateFailed
+from .walk import continue_after, continue_from
+
+log = logging.getLogger("wsmode.tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,38 +87,51 @@ class TokenSetup:
 
 @dataclass(frozen=True, slots=True)
 class TokenPrompt:
-    """One turn's prompt, to be completed by the runner: tokenise `plan.text`, then send."""
+    """One turn's prompt, to be completed by the runner: tokenise each gap's text, then
+    send."""
 
     engine: TokenEngine
     plan: Continuation
     sampling: Sampling
     marker: tuple[str, int] | None = None  # the turn marker the new ids are cut at (chain.py)
     context_window: int = 0  # the server's (llama.cpp's n_ctx); 0: unknown
+    # what this turn's text was rendered from, for the next turn (core/tokens/incremental.py)
+    rendered: Rendered | None = None
+    parent: TokenTurn | None = None  # the token turn it continues (its memo entry goes)
 
-    def tokenize_body(self) -> bytes | None:
-        """The tokenise request for the new text, None when there is none."""
-        if not self.plan.text:
-            return None
-        return self.engine.tokenize_body(self.plan.text, add_special=self.plan.kept_ids == 0)
+    def tokenize_bodies(self) -> list[bytes | None]:
+        """One tokenise request per gap (None for a gap without text). Only text at the very
+        start of the prompt is tokenised with the model's BOS, as the chat endpoint does."""
+        plan = self.plan
+        out: list[bytes | None] = []
+        for i, part in enumerate(plan.parts):
+            if isinstance(part, Gap):
+                start = i == 0 and not plan.kept
+                body = (
+                    self.engine.tokenize_body(part.text, add_special=start) if part.text else None
+                )
+                out.append(body)
+        return out
 
-    def new_ids(self, answer: bytes | None) -> list[int]:
-        """The new text's ids from the tokenise answer (None: there was no new text)."""
-        if answer is None:
-            return []
-        return new_ids(self.plan, self.engine.tokenize_ids(answer))
+    def new_ids(self, answers: list[bytes | None]) -> list[list[int]]:
+        """Each gap's ids from its tokenise answer (None: it had no text)."""
+        return [
+            new_ids(gap, self.engine.tokenize_ids(answer)) if answer is not None else []
+            for gap, answer in zip(self.plan.gaps, answers, strict=True)
+        ]
 
-    def over_window(self, ids: list[int]) -> ClientError | None:
+    def over_window(self, ids: list[list[int]]) -> ClientError | None:
         """The refusal of a prompt of the kept ids and `ids` that does not fit the server's
         own context window with room for one generated token: the server would refuse it,
         so it is not asked. (`upstream.context_window` is the context manager's, from its
         estimates: a planning bound, not this one.)"""
-        n = self.plan.kept_ids + len(ids)
+        n = self.plan.kept_ids + sum(map(len, ids))
         window = self.context_window
         return context_length_exceeded(n, window) if window and n >= window else None
 
-    def body(self, ids: list[int]) -> bytes:
-        new = ",".join(map(str, ids)).encode()
-        return self.engine.generate_body(prompt_json(self.plan, new), self.sampling)
+    def body(self, ids: list[list[int]]) -> bytes:
+        new = [",".join(map(str, gap)).encode() for gap in ids]
+        return self.engine.generate_body(prompt_json(self.plan, *new), self.sampling)
 
 
 def fingerprint(setup: TokenSetup, settings: Mapping[str, Any]) -> str:
@@ -134,14 +157,17 @@ class TokenStream(BuiltStream):
         clock: Callable[[], float],
         new_id: Callable[[str], str],
         tags: Mapping[int, str] | None = None,
+        renders: RenderMemo | None = None,
     ) -> None:
         super().__init__(request, patch, clock=clock, new_id=new_id)
+        self._renders = renders
         self._engine_stream = engine.stream()
         self._parser = parser
         self._names = names
         self._model = model
         self._tags = tags or {}
         self._calls = 0
+        self._open_call: tuple[str, int] | None = None  # the call whose arguments stream
         self._thinks = 0  # think blocks closed so far (each one reasoning item)
         # ended before the server's end: the text after the tool calls is not wanted, and the
         # driver stops the upstream request (`CancelUpstream`)
@@ -155,7 +181,8 @@ class TokenStream(BuiltStream):
         self.finish: str | None = None
         self.prompt: TokenPrompt | None = None  # set by the planner, with `fingerprint`
         self.fingerprint = ""
-        self.prompt_ids: list[int] | None = None  # the new text's ids (`PromptTokenized`)
+        # each gap's ids, as the server tokenised them (`PromptTokenized`)
+        self.prompt_ids: list[list[int]] | None = None
 
     def feed(self, event: SSEEvent) -> list[bytes]:
         if self.outcome is not None:
@@ -172,27 +199,26 @@ class TokenStream(BuiltStream):
         if self.prompt is None or self.prompt_ids is None:
             return None
         plan = self.prompt.plan
-        return TokenUse(plan.kept_ids, len(self.prompt_ids), plan.divergence)
+        return TokenUse(plan.kept_ids, sum(map(len, self.prompt_ids)), plan.divergences)
 
     def turn(self) -> TokenTurn | None:
         """The response's tokens, once its prompt is known: what was generated so far, for a
         response cut short too (a steer's boundary), since those ids are what the server
-        holds."""
+        holds (chain.py `turn_after`)."""
         if self.prompt is None or self.prompt_ids is None:
             return None
-        plan = self.prompt.plan
-        base = plan.base
-        prompt = split_at_turns(plan.text, self.prompt_ids, self.prompt.marker)
-        length = plan.kept_ids + len(self.prompt_ids)
-        return TokenTurn(
-            base,
+        turn = turn_after(
+            self.prompt.plan,
+            self.prompt_ids,
+            self.prompt.marker,
             self.fingerprint,
-            prompt,
             Segment.of("".join(self.text), self.ids),
             logprobs=self.logprobs if self.logprobs else None,
             eos=self.finish == "stop" and self._broken is None and not self.cut_short,
-            prompt_length=length,
         )
+        if self._renders is not None and self.prompt.rendered is not None:
+            self._renders.keep(turn, self.prompt.rendered, self.prompt.parent)
+        return turn
 
     # ------------------------------------------------------------ internals
 
@@ -245,25 +271,42 @@ class TokenStream(BuiltStream):
             elif isinstance(p, ReasoningEnd):  # an item boundary now, not at the next text
                 out += b.close_source(("think", self._thinks))
                 self._thinks += 1
+            elif isinstance(p, CallStart):  # its arguments stream from now on
+                key = self._open_call = ("call", self._calls)
+                self._calls += 1
+                out += self._call_open(b, key, p.name)
+            elif isinstance(p, CallArgs):
+                if self._open_call is not None:
+                    out += b.call_args(self._open_call, p.text)
+            elif isinstance(p, CallPiece) and p.streamed and self._open_call is not None:
+                # parsed, and its arguments are the deltas sent: `.done` only now
+                key, self._open_call = self._open_call, None
+                out += b.close_source(key)
             elif isinstance(p, CallPiece):
                 key = ("call", self._calls)
                 self._calls += 1
-                name, namespace = p.name, None
-                if name in self._names:
-                    namespace, name = self._names[name]
-                out += b.call_open(
-                    key, call_id=self._new_id("call"), name=name, namespace=namespace
-                )
+                out += self._call_open(b, key, p.name)
                 out += b.call_args(key, p.arguments)
                 out += b.close_source(key)  # whole when parsed: done at once
             elif isinstance(p, BrokenCall):
-                # never a completed call with broken arguments: the text as the model wrote
-                # it, and the response ends incomplete (cut by the limit: that reason; else
-                # no reason of the API's fits, so none is given)
-                out += b.text(p.raw)
+                # never a completed call with broken arguments: a call already streaming
+                # ends incomplete; else its text is shown as the model wrote it. The response
+                # ends incomplete (cut by the limit: that reason; else no reason of the
+                # API's fits, so none is given)
+                if self._open_call is not None:
+                    key, self._open_call = self._open_call, None
+                    out += b.abandon_call(key)
+                else:
+                    out += b.text(p.raw)
                 if self._broken is None:
                     self._broken = "max_output_tokens" if p.reason == "unterminated" else ""
         return out
+
+    def _call_open(self, b: OutputBuilder, key: tuple[str, int], name: str) -> list[bytes]:
+        namespace = None
+        if name in self._names:
+            namespace, name = self._names[name]
+        return b.call_open(key, call_id=self._new_id("call"), name=name, namespace=namespace)
 
 
 class TokenDialect:
@@ -283,6 +326,9 @@ class TokenDialect:
         self.not_ready: str | None = "the token engine has not been probed yet"
         self._clock = clock
         self._new_id = new_id
+        # what each chain's last prompt was rendered from (core/tokens/incremental.py), under
+        # the translation memo's bound: it holds the same translated messages
+        self.renders = RenderMemo(chat.options.translation_cache_bytes)
 
     # ---- the Dialect protocol, for the proxy's own requests (summaries)
 
@@ -305,6 +351,15 @@ class TokenDialect:
 
     def ready(self, setup: TokenSetup) -> None:
         self.setup, self.not_ready = setup, None
+        t = setup.template
+        if t.append_only is None:
+            log.info("chat template %s: a continuation renders only its new messages", t.name)
+        else:
+            log.info(
+                "chat template %s renders the whole conversation every turn: %s",
+                t.name,
+                t.append_only,
+            )
 
     def stream(self, patch: dict[str, Any], request: dict[str, Any]) -> TokenStream:
         setup = self._setup()
@@ -318,6 +373,7 @@ class TokenDialect:
             clock=self._clock,
             new_id=self._new_id,
             tags=setup.tags,
+            renders=self.renders,
         )
 
     def prompt(
@@ -326,37 +382,49 @@ class TokenDialect:
         items: list[bytes],
         parent: CachedResponse | None,
         extra: Mapping[str, Any],
+        new_items: int = 0,
     ) -> tuple[TokenPrompt, str]:
         """The turn's prompt, continuing `parent`'s ids (None: a new token chain), and its
-        fingerprint. Raises ClientError (the template failed, the path is not ready)."""
+        fingerprint. `new_items`: how many of `items`, at their end, are the request's own
+        input (the rest is the history), for naming the item a template fails on. Raises
+        ClientError (the template failed, the path is not ready)."""
         setup = self._setup()
         opts = self.chat.options
         head, _ = chat_settings(settings, opts)
-        instructions = settings.get("instructions")
-        msgs = [
-            wire.loads(m)
-            for m in chat_messages(
-                items,
-                opts,
-                self.chat.memo,
-                instructions if isinstance(instructions, str) else None,
-            )
-        ]
+        raw = settings.get("instructions")
+        instructions = raw if isinstance(raw, str) else None
+        msgs = chat_messages(items, opts, self.chat.memo, instructions)
         tools = head.get("tools")
-        text = setup.template.render(object_arguments(msgs), tools)
         print_ = fingerprint(setup, settings)
-        if parent is not None and parent.tokens is None:  # made on another path
-            plan = fresh(text, "parent_without_ids")
-        else:
-            turn = parent.tokens if parent is not None else None
-            plan = continue_from(turn, text, print_, setup.turn_end)
+        turn = parent.tokens if parent is not None else None
+        template, marker = setup.template, setup.turn_marker
+        try:
+            text = render_turn(template, msgs, tools, print_, self.renders.find(turn))
+            plan = None
+            if text.after is not None and turn is not None:
+                end = text.after.prompt
+                plan = continue_after(turn, text.tail, end, print_, setup.turn_end)
+                if plan is None:  # the history renders otherwise: walk it whole
+                    text = render_turn(template, msgs, tools, print_)
+            if plan is None:
+                whole = text.whole
+                assert whole is not None  # rendered whole unless it went on from the parent
+                if parent is not None and turn is None:  # made on another path
+                    plan = fresh(whole, "parent_without_ids")
+                else:
+                    mark = marker[0] if marker is not None else ""
+                    plan = continue_from(turn, whole, print_, setup.turn_end, mark)
+        except TemplateFailed as exc:
+            raise named(exc, items, instructions, new_items, opts) from None
         sampling = _sampling(settings, extra, setup)
         prompt = TokenPrompt(
             setup.engine,
             plan,
             sampling,
-            setup.turn_marker,
+            marker,
             setup.context_window,
+            text.rendered,
+            turn,
         )
         return prompt, print_
 
