@@ -192,10 +192,73 @@ def test_the_memo_keeps_one_entry_a_chain_and_no_turn_alive() -> None:
     assert r is not None
     first = _turn(None, "p", [1], "g", [2])
     memo.keep(first, r, None)
-    assert memo.find(first) is r
+    found = memo.find(first)
+    assert found is not None and found.rendered is r
     second = _turn(first, "p2", [3], "g2", [4])
     memo.keep(second, r, first)  # the child's entry replaces the parent's
-    assert memo.find(first) is None and memo.find(second) is r and len(memo) == 1
+    assert memo.find(first) is None and len(memo) == 1
+    found = memo.find(second)
+    # the chain's ids as prompt pieces, extended from the parent's, not walked again
+    assert found is not None and (found.kept, found.ids) == ((b"1", b"2", b"3", b"4"), 4)
+    assert found.kept == tuple(s.json for s in second.segments())
     gone = weakref.ref(second)
-    del second
+    del second, found
     assert gone() is None  # held weakly: the memo never keeps a chain the cache let go
+
+
+def test_a_chain_through_the_dialect_renders_only_new_messages_and_sends_exact_ids() -> None:
+    """The token dialect's own planning, turn after turn, with the memo: every continuation
+    goes on from its parent's rendering, and its prompt is the sim vocabulary's ids of the
+    whole conversation as the template renders it."""
+    from wsmode.core.dialects.chat import ChatDialect
+    from wsmode.core.tokens.chain import new_ids, prompt_json, turn_after
+    from wsmode.core.tokens.dialect import TokenDialect, TokenSetup
+    from wsmode.core.tokens.engine import LlamaCppEngine
+    from wsmode.core.tokens.parsers import HermesParser
+    from wsmode.sim import vocab
+
+    t = template(SIM)
+    marker = ("<start_of_turn>", vocab.SPECIALS["<start_of_turn>"])
+    setup = TokenSetup(LlamaCppEngine(), t, HermesParser, turn_end=t.turn_end(), turn_marker=marker)
+    dialect = TokenDialect(ChatDialect())
+    dialect.ready(setup)
+
+    class Parent:  # what the dialect reads of a cached response
+        def __init__(self, tokens: TokenTurn) -> None:
+            self.tokens = tokens
+
+    items = [wire.dumps({"type": "message", "role": "user", "content": "hi there"})]
+    turn: TokenTurn | None = None
+    for i in range(6):
+        parent: Any = Parent(turn) if turn is not None else None
+        prompt, fp = dialect.prompt({"model": "m", "instructions": "be brief"}, items, parent, {})
+        plan = prompt.plan
+        assert plan.divergences == ()
+        assert (prompt.rendered is not None) and (i == 0 or dialect.renders.hits == i)
+        gaps = [
+            new_ids(g, vocab.encode(g.text, add_special=not plan.kept, parse_special=True))
+            for g in plan.gaps
+        ]
+        sent = prompt_json(plan, *[",".join(map(str, g)).encode() for g in gaps])
+        msgs = [{"role": "system", "content": "be brief"}]
+        msgs += [_as_chat(x) for x in items]
+        whole = t.render(msgs)
+        assert (
+            sent == b"[" + ",".join(map(str, vocab.encode(whole, add_special=True))).encode() + b"]"
+        )
+        answer = f"answer {i}"
+        gen = Segment.of(answer, vocab.encode(answer, parse_special=False))
+        new = turn_after(plan, gaps, marker, fp, gen)
+        assert prompt.rendered is not None
+        dialect.renders.keep(new, prompt.rendered, turn)
+        turn = new
+        items = [
+            *items,
+            wire.dumps({"type": "message", "role": "assistant", "content": answer}),
+            wire.dumps({"type": "message", "role": "user", "content": f"and {i}?"}),
+        ]
+
+
+def _as_chat(item: bytes) -> dict[str, Any]:
+    doc = wire.loads(item)
+    return {"role": doc["role"], "content": doc["content"]}

@@ -398,12 +398,13 @@ class TokenDialect:
         print_ = fingerprint(setup, settings)
         turn = parent.tokens if parent is not None else None
         template, marker = setup.template, setup.turn_marker
+        memo = self.renders.find(turn)
         try:
-            text = render_turn(template, msgs, tools, print_, self.renders.find(turn))
+            text = render_turn(template, msgs, tools, print_, memo.rendered if memo else None)
             plan = None
-            if text.after is not None and turn is not None:
-                end = text.after.prompt
-                plan = continue_after(turn, text.tail, end, print_, setup.turn_end)
+            if text.after is not None and turn is not None and memo is not None:
+                end, chain = text.after.prompt, (memo.kept, memo.ids)
+                plan = continue_after(turn, text.tail, end, print_, setup.turn_end, chain)
                 if plan is None:  # the history renders otherwise: walk it whole
                     text = render_turn(template, msgs, tools, print_)
             if plan is None:

@@ -131,14 +131,29 @@ def _head(
     return head, with_prompt[len(head) :]
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Remembered:
+    """A memo entry: how a turn's prompt was rendered, and its chain's ids as the JSON
+    pieces of a prompt (its prompt and generation, oldest first), so that a continuation
+    neither renders nor walks the history to build its own."""
+
+    rendered: Rendered
+    kept: tuple[bytes, ...]
+    ids: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.rendered.nbytes + 8 * len(self.kept) + 64
+
+
 class RenderMemo:
-    """`Rendered` by token turn, least recently used first out, bounded by bytes. A turn's
+    """`Remembered` by token turn, least recently used first out, bounded by bytes. A turn's
     entry replaces its parent's (`keep`), so a chain holds one: a fork's second child
     renders whole, which is exact, only slower. Turns are held weakly: the memo never keeps
     a chain the response cache let go."""
 
     def __init__(self, max_bytes: int) -> None:
-        self._lru: ByteLRU[int, tuple[weakref.ref[TokenTurn], Rendered]] = ByteLRU(max_bytes)
+        self._lru: ByteLRU[int, tuple[weakref.ref[TokenTurn], Remembered]] = ByteLRU(max_bytes)
         self.hits = 0
         self.misses = 0
 
@@ -149,7 +164,7 @@ class RenderMemo:
     def nbytes(self) -> int:
         return self._lru.nbytes
 
-    def find(self, turn: TokenTurn | None) -> Rendered | None:
+    def find(self, turn: TokenTurn | None) -> Remembered | None:
         found = self._lru.get(id(turn)) if turn is not None else None
         if found is None or found[0]() is not turn:  # an id of a turn gone, used again
             self.misses += 1
@@ -158,11 +173,22 @@ class RenderMemo:
         return found[1]
 
     def keep(self, turn: TokenTurn, rendered: Rendered, parent: TokenTurn | None) -> None:
+        before = None
         if parent is not None:
             old = self._lru.peek(id(parent))
             if old is not None and old[0]() is parent:
                 self._lru.pop(id(parent))
-        self._lru.put(id(turn), (weakref.ref(turn), rendered), rendered.nbytes)
+                before = old[1]
+        if before is not None and turn.parent is parent:  # the parent's chain, then its own
+            own = [*turn.prompt, turn.generated]
+            kept = before.kept + tuple(s.json for s in own if s.json)
+            ids = before.ids + sum(len(s.ids) for s in own)
+        else:  # after a divergence (or the first turn): the chain, walked once
+            segments = turn.segments()
+            kept = tuple(s.json for s in segments if s.json)
+            ids = sum(len(s.ids) for s in segments)
+        entry = Remembered(rendered, kept, ids)
+        self._lru.put(id(turn), (weakref.ref(turn), entry), entry.nbytes)
 
 
-__all__ = ["RenderMemo", "Rendered", "Rendering", "render_turn"]
+__all__ = ["Remembered", "RenderMemo", "Rendered", "Rendering", "render_turn"]

@@ -42,32 +42,39 @@ def continue_from(
 
 
 def continue_after(
-    parent: TokenTurn, tail: str, prompt_end: str, fingerprint: str, turn_end: str = ""
+    parent: TokenTurn,
+    tail: str,
+    prompt_end: str,
+    fingerprint: str,
+    turn_end: str = "",
+    chain: tuple[tuple[bytes, ...], int] | None = None,
 ) -> Continuation | None:
     """The continuation of `parent`'s chain when the conversation is known to be the
     parent's prompt followed by `tail` (core/tokens/incremental.py): the parent's prompt
     ended with `prompt_end` (its generation prompt), which `tail` must begin with too, else
     None (render whole). Only the parent's generation is compared: the work is the new
-    text's, not the history's."""
+    text's, not the history's. `chain`: the JSON pieces of the parent's chain and how many
+    ids they hold, when they are known (the memo keeps them), else they are walked."""
     if not parent.fingerprint or parent.fingerprint != fingerprint:
         return None
     if not tail.startswith(prompt_end):
         return None
     at = len(prompt_end)
     gen = parent.generated
-    segments = parent.segments()
-    kept = [s.json for s in segments if s.json]
-    n = sum(len(s.ids) for s in segments)
+    if chain is None:
+        segments = parent.segments()
+        chain = tuple(s.json for s in segments if s.json), sum(len(s.ids) for s in segments)
+    kept, n = chain
     end = at + len(gen.text)
     if tail.startswith(gen.text, at) and (not turn_end or tail.startswith(turn_end, end)):
         repeated = gen.ids[-1] if parent.eos and gen.ids else None
-        return Continuation(parent, tuple(kept), (Gap(tail[end:], None, repeated),), n)
+        return Continuation(parent, kept, (Gap(tail[end:], None, repeated),), n)
     # the generation renders otherwise: its prompt stays, the rest is tokenised again
     head = TokenTurn(parent.parent, fingerprint, parent.prompt, EMPTY_SEGMENT)
     if gen.json:
-        kept.pop()
+        kept = kept[:-1]
     why = "generation_rerendered"
-    return Continuation(head, tuple(kept), (Gap(tail[at:], why),), n - len(gen.ids), (why,))
+    return Continuation(head, kept, (Gap(tail[at:], why),), n - len(gen.ids), (why,))
 
 
 class _Walk:
