@@ -112,8 +112,9 @@ class StartUpstream:
     # runner reports a refusal (`InputRefused`) instead of making the request
     moderate: tuple[str, ...] | None = None
     route: Route | None = None  # where the request should go (upstream/pool.py)
-    # the token path (core/tokens/dialect.py): the runner tokenises the prompt's new text,
-    # reports its ids (`PromptTokenized`) and sends `tokens.body(ids)` instead of `body`
+    # the token path (core/tokens/dialect.py): the runner tokenises the prompt's gaps (the
+    # text not kept), reports their ids (`PromptTokenized`) and sends `tokens.body(ids)`
+    # instead of `body`
     tokens: TokenPrompt | None = None
 
 

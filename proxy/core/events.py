@@ -92,11 +92,12 @@ class Routed:
 
 @record()
 class PromptTokenized:
-    """The token path: the server tokenised the new text of the run's prompt into `ids`
-    (core/tokens/dialect.py); the prompt sent is the kept ids and these."""
+    """The token path: the server tokenised the text of the run's prompt that is not kept
+    (core/tokens/dialect.py), one list of `ids` per gap; the prompt sent is the kept ids
+    and these, in place."""
 
     run_id: int
-    ids: list[int]
+    ids: list[list[int]]
 
 
 @record()

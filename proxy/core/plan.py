@@ -110,7 +110,8 @@ class Planner:
             # a compaction starts a new token chain; anything else continues the parent's
             compacted = run.context is not None and run.context.compaction is not None
             origin = None if compacted else run.parent
-            prompt, run.tokens.fingerprint = dialect.prompt(settings, items, origin, extra)
+            new = len(req.input_items)
+            prompt, run.tokens.fingerprint = dialect.prompt(settings, items, origin, extra, new)
             run.tokens.prompt = prompt
             path = ROOT + prompt.engine.generate_path
             start = StartUpstream(run.id, [], path, run.moderation, route, tokens=prompt)

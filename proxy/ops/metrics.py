@@ -196,7 +196,7 @@ class Metrics:
             ["upstream", "kind"],
             registry=r,
         )
-        # the token path (docs/tokens.md "The divergence metric")
+        # the token path (docs/tokens.md "Divergences")
         self.prompt_ids = Counter(
             "wsmode_prompt_ids",
             "Token-path prompt ids of finished turns: taken from the token cache (reused) or "
@@ -206,9 +206,9 @@ class Metrics:
         )
         self.token_divergences = Counter(
             "wsmode_token_divergences",
-            "Token-path continuations that could not reuse every id of their parent, by "
-            "reason (docs/tokens.md): fingerprint, history_changed, generation_rerendered, "
-            "parent_without_ids.",
+            "Token-path divergences: parts of a continuation's history whose ids could not "
+            "be reused and were tokenised again, by reason (docs/tokens.md): fingerprint, "
+            "history_changed, generation_rerendered, parent_without_ids.",
             ["reason"],
             registry=r,
         )

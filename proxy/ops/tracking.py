@@ -214,8 +214,8 @@ class RunTracker:
         if action.tokens is not None:
             m.prompt_ids.labels("reused").inc(action.tokens.reused)
             m.prompt_ids.labels("tokenized").inc(action.tokens.new)
-            if action.tokens.divergence is not None:
-                m.token_divergences.labels(action.tokens.divergence).inc()
+            for reason in action.tokens.divergences:  # every divergence, by its reason
+                m.token_divergences.labels(reason).inc()
         trace = self.traces.pop(action.run_id, None)
         now = self.clock()
         if (

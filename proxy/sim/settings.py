@@ -43,6 +43,9 @@ class SimSettings:
     # its tokenizer (sim/vocab.py): "pairs" (two ASCII characters a token) or "chars" (one
     # character a token), the same vocabulary tokenised otherwise: another model's tokenizer
     tokenizer: str = "pairs"
+    # words of reasoning the token endpoints' answers open with, as `<think>...</think>`
+    # (a reasoning model, Qwen3 say); 0: none
+    think_words: int = 0
 
     def __post_init__(self) -> None:
         if self.token_server not in TOKEN_SERVERS:
@@ -55,5 +58,7 @@ class SimSettings:
             )
         if self.tokenize_us_per_token < 0:
             raise ValueError("sim.tokenize_us_per_token must not be negative")
+        if self.think_words < 0:
+            raise ValueError("sim.think_words must not be negative")
         if self.prefix_cache_block_tokens < 1:
             raise ValueError("sim.prefix_cache_block_tokens must be at least 1")

@@ -19,9 +19,13 @@ llama.cpp (llama-server, `tools/server/README.md`), in the shapes a real one ans
 
 The generated text is the sim's usual (sim/model.py `plan`, from the decoded prompt),
 tokenised with the vocabulary; a stop string cuts it ("word"), the token limit cuts the ids
-("limit"). A prompt that ends inside an open `<think>` (a thinking template's generation
-prompt) gets its first half as reasoning, then `</think>`, a blank line and the rest, as a
-thinking model writes. A prompt cache per slot (`id_slot`, -1 is slot 0) remembers the last
+("limit"). The answer is planned from the prompt's turns read back into items
+(sim/rendered.py): when the prompt lists tools and fewer than `tool_calls_per_turn` tool
+responses follow the last user turn, it is a Hermes call, written as the template renders
+one. A prompt that ends inside an open `<think>` (a thinking template's generation prompt)
+gets its first half as reasoning, then `</think>`, a blank line and the rest, as a thinking
+model writes; with `think_words` an answer opens with `<think>` and that many words
+`</think>`. A prompt cache per slot (`id_slot`, -1 is slot 0) remembers the last
 prompt and the ids generated after it, but the last (sampled, never evaluated), as
 llama.cpp's slot does: a prompt's cached tokens are its longest common prefix with them,
 never the whole prompt (the last prompt token is always evaluated).
@@ -169,6 +173,14 @@ def generate(
         words = text.split(" ")
         half = max(1, len(words) // 2)
         text = " ".join(words[:half]) + f"\n{THINK_CLOSE}\n\n" + " ".join(words[half:])
+    if cfg.think_words > 0:
+        thought = plan(
+            {"input": decoded + "\nthink"},
+            seed=cfg.seed,
+            output_tokens=cfg.think_words,
+            tool_calls_per_turn=0,
+        )
+        text = f"<think>{''.join(thought.tokens)}</think>{text}"
     cuts = [(text.find(s), s) for s in stop if s and s in text]
     if cuts:
         at, word = min(cuts)

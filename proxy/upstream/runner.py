@@ -170,7 +170,7 @@ class UpstreamCall:
                 return
         if start.tokens is None:
             body = request_body(start.body)
-        else:  # the token path: the new text's ids first (core/tokens/dialect.py)
+        else:  # the token path: the ids of the text not kept first (core/tokens/dialect.py)
             try:
                 ids = start.tokens.new_ids(await self._tokenize(start.tokens))
             except UpstreamError as err:
@@ -212,23 +212,26 @@ class UpstreamCall:
             return
         yield UpstreamEnded(run_id)
 
-    async def _tokenize(self, prompt: TokenPrompt) -> bytes | None:
-        """The server's answer to tokenising the prompt's new text (None: there is none).
-        Any replica will do: they serve one model."""
-        body = prompt.tokenize_body()
-        if body is None:
-            return None
+    async def _tokenize(self, prompt: TokenPrompt) -> list[bytes | None]:
+        """The server's answers to tokenising the prompt's gaps, in order (None: a gap
+        without text). Any replica will do: they serve one model."""
         path = ROOT + prompt.engine.tokenize_path
-        answer = bytearray()
-        async with self.runner.pool.stream(path, body, self.runner.headers) as (_, chunks):
-            async for chunk in chunks:
-                answer += chunk
-                if len(answer) > self.runner.max_event_bytes:
-                    raise UpstreamError(
-                        "upstream's tokenize answer is larger than upstream.max_event_bytes",
-                        code="upstream_event_too_large",
-                    )
-        return bytes(answer)
+        answers: list[bytes | None] = []
+        for body in prompt.tokenize_bodies():
+            if body is None:
+                answers.append(None)
+                continue
+            answer = bytearray()
+            async with self.runner.pool.stream(path, body, self.runner.headers) as (_, chunks):
+                async for chunk in chunks:
+                    answer += chunk
+                    if len(answer) > self.runner.max_event_bytes:
+                        raise UpstreamError(
+                            "upstream's tokenize answer is larger than upstream.max_event_bytes",
+                            code="upstream_event_too_large",
+                        )
+            answers.append(bytes(answer))
+        return answers
 
     def _failed(self, err: UpstreamError) -> UpstreamFailed:
         log.warning("%s upstream failure (%s): %s", self.runner.label, err.status, err.message)

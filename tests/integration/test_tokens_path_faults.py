@@ -279,6 +279,86 @@ async def test_a_template_that_raises_is_a_400_over_http(
     assert str(refusing) in doc["error"]["message"]
 
 
+# a template that refuses "kaboom" anywhere, and "boom" when there are tools
+PICKY = (
+    "{%- for m in messages -%}{%- if m.content is string -%}"
+    "{%- if 'kaboom' in m.content -%}{{ raise_exception('no kaboom here') }}"
+    "{%- elif 'boom' in m.content and tools -%}"
+    "{{ raise_exception('boom does not go with tools') }}{%- endif -%}"
+    "{%- endif -%}{%- endfor -%}"
+)
+# `instructions` are a first message and an assistant's text and two calls are one message,
+# so the failing message (the fourth) is not the failing item (input[4])
+SHIFTED: dict[str, Any] = {
+    "instructions": "be brief",
+    "input": [
+        {"type": "message", "role": "user", "content": "hi", "id": "msg_hi"},
+        {
+            "type": "message",
+            "role": "assistant",
+            "id": "msg_look",
+            "content": [{"type": "output_text", "text": "let me look"}],
+        },
+        {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call", "id": "fc_2", "call_id": "c2", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "id": "fco_1", "call_id": "c1", "output": "kaboom"},
+        {"type": "function_call_output", "id": "fco_2", "call_id": "c2", "output": "fine"},
+    ],
+}
+NAMED = "at input[4] (function_call_output, id fco_1): no kaboom here"
+
+
+async def picky_proxy(
+    tmp_path: Path, sim_factory: SimFactory, proxy_factory: ProxyFactory
+) -> tuple[Path, Sim, Proxy]:
+    picky = tmp_path / "picky.jinja"
+    picky.write_text(PICKY + Path(TEMPLATE).read_text())
+    sim = await sim_factory()
+    proxy = await proxy_factory(
+        sim.url, upstream__api="tokens", upstream__chat_template_file=str(picky)
+    )
+    await wait_ready(proxy)
+    return picky, sim, proxy
+
+
+async def test_a_template_failure_names_the_input_item_over_websocket(
+    tmp_path: Path, sim_factory: SimFactory, proxy_factory: ProxyFactory
+) -> None:
+    picky, sim, proxy = await picky_proxy(tmp_path, sim_factory, proxy_factory)
+    async with connect(proxy.ws) as ws:
+        events = await ws_turn(ws, **SHIFTED)
+        assert [e["type"] for e in events] == ["error"], events
+        err = events[0]
+        assert err["status"] == 400 and err["error"]["code"] == "chat_template_error"
+        message = err["error"]["message"]
+        assert str(picky) in message and NAMED in message, message
+        assert "message 4" not in message  # the translated list is not what the client sent
+        # an item of the history: it was fine without tools, and is not with them
+        boom = {"type": "message", "role": "user", "content": "boom", "id": "msg_boom"}
+        first = (await ws_turn(ws, input=[boom]))[-1]
+        assert first["type"] == "response.completed", first
+        asked = len(sim.state.requests)
+        tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+        parent = first["response"]["id"]
+        events = await ws_turn(ws, input="next", previous_response_id=parent, tools=tools)
+        assert [e["type"] for e in events] == ["error"], events
+        message = events[0]["error"]["message"]
+        history = "at item 0 of the conversation's history (message, role user, id msg_boom)"
+        assert history in message and "boom does not go with tools" in message, message
+        assert len(sim.state.requests) == asked  # the model server was never asked
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_template_failure_names_the_input_item_over_http(
+    stream: bool, tmp_path: Path, sim_factory: SimFactory, proxy_factory: ProxyFactory
+) -> None:
+    picky, _, proxy = await picky_proxy(tmp_path, sim_factory, proxy_factory)
+    status, doc = await post_responses(proxy, {"model": "sim", "stream": stream, **SHIFTED})
+    assert status == 400, doc
+    assert doc["error"]["code"] == "chat_template_error"
+    assert str(picky) in doc["error"]["message"] and NAMED in doc["error"]["message"]
+
+
 async def test_a_server_that_is_no_token_engine_is_not_ready(proxy_factory: ProxyFactory) -> None:
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})

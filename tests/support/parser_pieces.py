@@ -5,18 +5,50 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from wsmode.core.tokens.parsers import OutputParser, Piece, ReasoningEnd, ReasoningPiece, TextPiece
+from wsmode.core.tokens.parsers import (
+    BrokenCall,
+    CallArgs,
+    CallPiece,
+    CallStart,
+    OutputParser,
+    Piece,
+    ReasoningEnd,
+    ReasoningPiece,
+    TextPiece,
+)
 
 Make = Callable[[], OutputParser]
 
 
 def joined(pieces: Iterable[Piece]) -> list[Piece]:
     """Adjacent text (and reasoning) deltas as one piece: what a client sees in the end. The
-    end of a think block is a boundary, not content: the parsers' tests check it on its own."""
+    end of a think block is a boundary, not content: the parsers' tests check it on its own.
+    A streamed call (`CallStart`, `CallArgs`..., then its `CallPiece`) is one `CallPiece`,
+    checked to be the name and the deltas joined; a streamed call that broke is its
+    `BrokenCall`."""
     out: list[Piece] = []
+    started: tuple[str, list[str]] | None = None
     for piece in pieces:
         if isinstance(piece, ReasoningEnd):
             continue
+        if isinstance(piece, CallStart):
+            assert started is None, "a call started inside a call"
+            started = (piece.name, [])
+            continue
+        if isinstance(piece, CallArgs):
+            assert started is not None and piece.text, "arguments outside a call"
+            started[1].append(piece.text)
+            continue
+        if isinstance(piece, CallPiece) and piece.streamed:
+            assert started is not None, "a streamed call that never started"
+            assert (piece.name, piece.arguments) == (started[0], "".join(started[1]))
+            piece, started = CallPiece(piece.name, piece.arguments), None
+        elif isinstance(piece, CallPiece):
+            assert started is None, "a whole call while one streams"
+        elif isinstance(piece, BrokenCall):
+            started = None
+        else:
+            assert started is None, f"{piece} inside a streaming call"
         assert not isinstance(piece, TextPiece | ReasoningPiece) or piece.text, "empty delta"
         last = out[-1] if out else None
         if isinstance(piece, TextPiece) and isinstance(last, TextPiece):

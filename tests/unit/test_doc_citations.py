@@ -1,7 +1,7 @@
 """The protocol and client references cited in the source, the tests and the README are in
 the repository (docs/protocol.md, docs/clients.md), and every section a citation names
-exists there: a renamed section, or a citation of a file that is not in the repository,
-fails here."""
+exists there, as every section of docs/tokens.md the token path's code names: a renamed
+section, or a citation of a file that is not in the repository, fails here."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = {"docs/protocol.md": ROOT / "docs/protocol.md", "docs/clients.md": ROOT / "docs/clients.md"}
+DOCS = {name: ROOT / name for name in ("docs/protocol.md", "docs/clients.md", "docs/tokens.md")}
 # a citation: the file, then one or more quoted section names, comma-separated
-CITATION = re.compile(r'(docs/(?:protocol|clients)\.md)((?:,?\s+"[^"]{1,60}")+)')
+CITATION = re.compile(r'(docs/(?:protocol|clients|tokens)\.md)((?:,?\s+"[^"]{1,60}")+)')
 
 
 def _texts() -> dict[Path, str]:

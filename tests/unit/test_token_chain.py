@@ -8,13 +8,13 @@ from wsmode.core.tokens.chain import (
     Segment,
     TokenTurn,
     chain_records,
-    continue_from,
     fresh,
     new_ids,
     prompt_json,
     split_at_turns,
     turn_of,
 )
+from wsmode.core.tokens.walk import continue_from
 
 FP = "llamacpp|m|t|"
 P1 = "<s>user\nhi<e>\n<s>model\n"
@@ -182,3 +182,106 @@ def test_a_changed_message_keeps_the_ids_of_those_before_it() -> None:
     assert plan.kept_ids == 6 and plan.text == "<s>user\nstop<e>\n<s>model\n"
     assert plan.base is not None and plan.base.parent is None
     assert [seg.ids.tolist() for seg in plan.base.prompt] == [[7, 1, 8], [7, 2, 8]]
+
+
+# ------------------------------------------------------------------ after a divergence
+
+MARK = "<s>"  # the turn marker of these examples (a special token: cuts are safe before it)
+
+
+def _loop() -> TokenTurn:
+    """A tool loop: a call with reasoning, the tool's answer, an answer with reasoning."""
+    first = TokenTurn(
+        None,
+        FP,
+        split_at_turns("<s>user\nq<e>\n<s>model\n", [7, 1, 8, 7, 2], ("<s>", 7)),
+        Segment.of("<think>r1</think><call>", [30, 31]),
+    )
+    return TokenTurn(
+        first,
+        FP,
+        split_at_turns("<e>\n<s>user\n<resp>42<e>\n<s>model\n", [8, 7, 3, 8, 7, 2], ("<s>", 7)),
+        Segment.of("<think>r2</think>fine", [32, 33]),
+    )
+
+
+def test_only_the_rewritten_turns_are_tokenised_again_and_the_ids_between_are_kept() -> None:
+    parent = _loop()
+    # the user spoke again: both model turns lose their reasoning (Qwen3's template)
+    rendered = (
+        "<s>user\nq<e>\n<s>model\n<call><e>\n<s>user\n<resp>42<e>\n<s>model\nfine<e>\n"
+        "<s>user\nwhy<e>\n<s>model\n"
+    )
+    plan = continue_from(parent, rendered, FP, "<e>\n", MARK)
+    assert plan.divergences == ("generation_rerendered", "generation_rerendered")
+    assert [g.text for g in plan.gaps] == [
+        "<call><e>\n",
+        "fine<e>\n<s>user\nwhy<e>\n<s>model\n",
+    ]
+    # the first prompt (before), the tool's answer and the model's turn (between) are kept
+    assert plan.kept_ids == 5 + 3 + 2
+    assert prompt_json(plan, b"90,8", b"91,8,7,92,8,7,2") == (
+        b"[7,1,8,7,2,90,8,7,3,8,7,2,91,8,7,92,8,7,2]"
+    )
+
+
+def test_a_history_that_lost_turns_keeps_those_after_them() -> None:
+    parent = _loop()
+    # truncation dropped the first exchange: the tool's answer is where the history starts
+    rendered = "<s>user\n<resp>42<e>\n<s>model\n<think>r2</think>fine<e>\n<s>user\nx"
+    plan = continue_from(parent, rendered, FP, "<e>\n", MARK)
+    assert plan.divergences == ("history_changed",)
+    # the start of a prompt is tokenised (it gets the model's BOS): the first piece found
+    # again is, and the model's turn and generation after it are kept
+    assert plan.gaps[0].text == "<s>user\n<resp>42<e>\n" and plan.base is None
+    assert plan.kept_ids == 2 + 2
+    assert plan.gaps[-1].text == "<e>\n<s>user\nx" and plan.gaps[-1].reason is None
+
+
+def test_a_generation_kept_before_a_gap_is_followed_by_the_end_of_its_turn() -> None:
+    # the model ended on its end-of-turn id (8): a gap right after its generation begins with
+    # the end of the turn, whose id is then not sent twice
+    marker = ("<s>", 7)
+    first = TokenTurn(
+        None,
+        FP,
+        split_at_turns("<s>user\nq<e>\n<s>model\n", [7, 1, 8, 7, 2], marker),
+        Segment.of("ok", [30, 8]),
+        eos=True,
+    )
+    # its end-of-turn id was not sent again: the next prompt's ids start after it
+    again = "<e>\n<s>user\nmore<e>\n<s>model\n"
+    second = TokenTurn(
+        first, FP, split_at_turns(again, [9, 7, 4, 8, 7, 2], marker), Segment.of("sure", [31])
+    )
+    rendered = "<s>user\nq<e>\n<s>model\nok<e>\n\n<s>user\nmore<e>\n<s>model\nsure<e>\n"
+    plan = continue_from(second, rendered, FP, "<e>\n", MARK)
+    assert plan.divergences == ("history_changed",)
+    assert plan.gaps[0].text == "<e>\n\n" and plan.gaps[0].repeated == 8
+    assert new_ids(plan.gaps[0], [8, 9, 9]) == [9, 9]
+    # a generation that matched only as the start of longer text is not kept before a gap
+    rendered = "<s>user\nq<e>\n<s>model\nokay<e>\n<s>user\nmore<e>\n<s>model\nsure<e>\n"
+    plan = continue_from(second, rendered, FP, "<e>\n", MARK)
+    assert plan.divergences == ("generation_rerendered",)
+    assert plan.gaps[0].text == "okay<e>\n" and plan.gaps[0].repeated is None
+    assert plan.kept_ids == 5 + 5 + 1  # the first prompt; the second prompt's turn and "sure"
+
+
+def test_a_new_turn_after_a_divergence_keeps_the_chain_alternating() -> None:
+    # the parts after a divergence go back into turns: each reused generation ends one
+    parent = _loop()
+    rendered = "<s>user\nq<e>\n<s>model\n<call><e>\n<s>user\n<resp>42<e>\n<s>model\n"
+    rendered += "<think>r2</think>fine<e>\n<s>user\nwhy<e>\n<s>model\n"
+    plan = continue_from(parent, rendered, FP, "<e>\n", MARK)
+    assert plan.divergences == ("generation_rerendered",)
+    kinds = [type(p).__name__ for p in plan.parts]
+    assert kinds == ["Gap", "Segment", "Segment", "Reused", "Gap"]
+    assert plan.repeated is None and plan.gaps[-1].text == "<e>\n<s>user\nwhy<e>\n<s>model\n"
+
+
+def test_without_a_turn_marker_everything_after_a_divergence_is_tokenised_again() -> None:
+    parent = _loop()
+    rendered = "<s>user\nq<e>\n<s>model\n<call><e>\n<s>user\n<resp>42<e>\n<s>model\nfine"
+    plan = continue_from(parent, rendered, FP, "<e>\n")
+    assert len(plan.gaps) == 1 and plan.kept_ids == 5
+    assert plan.text == rendered[len("<s>user\nq<e>\n<s>model\n") :]

@@ -78,7 +78,7 @@ def test_text_streams_as_a_message_and_the_ids_are_kept() -> None:
     assert final["usage"]["input_tokens_details"]["cached_tokens"] == 7
     assert final["usage"]["output_tokens"] == 2
     assert final["model"] == "gemma"
-    s.prompt_ids = [1, 2, 3]
+    s.prompt_ids = [[1, 2, 3]]
     turn = s.turn()
     assert turn is not None and turn.eos
     assert turn.generated.text == "Hello" and turn.generated.ids.tolist() == [10, 11]
@@ -103,6 +103,23 @@ def test_a_hermes_tool_call_becomes_a_function_call_item() -> None:
     assert [e["type"] for e in events].count("response.function_call_arguments.done") == 1
 
 
+def test_a_hermes_call_streams_its_arguments_and_is_done_only_once_it_parses() -> None:
+    s = _stream()
+    pieces = [
+        "<tool_call>\n",
+        '{"name": "get_weather", ',
+        '"arguments": {"ci',
+        'ty": "Pa',
+        'ris"}}\n',
+    ]
+    fed = [orjson.loads(b) for i, p in enumerate(pieces[:-1]) for b in s.feed(_token(p, [i]))]
+    kinds = [e["type"] for e in fed]
+    assert "response.output_item.added" in kinds
+    deltas = [e["delta"] for e in fed if e["type"] == "response.function_call_arguments.delta"]
+    assert "".join(deltas) == '{"city": "Pa'  # as it arrives, before the call is whole
+    assert "response.function_call_arguments.done" not in kinds
+
+
 def test_broken_tool_call_json_ends_incomplete_never_a_completed_call() -> None:
     s = _stream()
     events = _run(
@@ -117,7 +134,17 @@ def test_broken_tool_call_json_ends_incomplete_never_a_completed_call() -> None:
     assert final["status"] == "incomplete"
     # no reason of the API's vocabulary fits a broken call: none is given
     assert final["incomplete_details"] is None
-    assert '"arguments": {' in final["output"][0]["content"][0]["text"]
+    # its arguments streamed, but it never completed: no `.done`, the item is incomplete
+    kinds = [e["type"] for e in events]
+    assert "response.function_call_arguments.done" not in kinds
+    calls = [i for i in final["output"] if i["type"] == "function_call"]
+    assert [(c["status"], c["arguments"]) for c in calls] == [("incomplete", "{")]
+    # a call that is no call from its start is its text, as before
+    s = _stream()
+    events = _run(s, [_token("<tool_call>{nope}</tool_call>", [1]), _final("eos")])
+    final = check_sequence(events).terminal
+    assert final["status"] == "incomplete"
+    assert final["output"][0]["content"][0]["text"] == "{nope}"
     assert not [i for i in final["output"] if i["type"] == "function_call"]
 
 
@@ -127,7 +154,7 @@ def test_a_call_cut_by_the_token_limit_ends_incomplete_for_the_limit() -> None:
     final = check_sequence(events).terminal
     assert final["status"] == "incomplete"
     assert final["incomplete_details"] == {"reason": "max_output_tokens"}
-    s.prompt_ids = []
+    s.prompt_ids = [[]]
     turn = s.turn()
     assert turn is not None and not turn.eos
 
@@ -168,24 +195,25 @@ def test_a_body_that_ends_before_its_final_event_fails() -> None:
 
 
 def test_the_prompt_body_carries_the_kept_ids_then_the_new_ones() -> None:
-    from wsmode.core.tokens.chain import Segment, TokenTurn, continue_from
+    from wsmode.core.tokens.chain import Segment, TokenTurn
+    from wsmode.core.tokens.walk import continue_from
 
     parent = TokenTurn(None, "fp", (Segment.of("<p>", [1, 2]),), Segment.of("ok", [3]))
     plan = continue_from(parent, "<p>ok<e>more", "fp")
     prompt = TokenPrompt(LlamaCppEngine(), plan, Sampling(max_tokens=5, slot=2))
-    tokenize = prompt.tokenize_body()
+    (tokenize,) = prompt.tokenize_bodies()
     assert tokenize is not None
     assert orjson.loads(tokenize) == {
         "content": "<e>more",
         "add_special": False,
         "parse_special": True,
     }
-    body = orjson.loads(prompt.body(prompt.new_ids(orjson.dumps({"tokens": [4, 5]}))))
+    body = orjson.loads(prompt.body(prompt.new_ids([orjson.dumps({"tokens": [4, 5]})])))
     assert body["prompt"] == [1, 2, 3, 4, 5]
     assert body["n_predict"] == 5 and body["id_slot"] == 2 and body["stream"] is True
     assert body["return_tokens"] is True and body["cache_prompt"] is True
     # a new conversation is tokenised with the model's BOS, as the chat endpoint does
-    first = TokenPrompt(LlamaCppEngine(), fresh("<p>"), Sampling()).tokenize_body()
+    (first,) = TokenPrompt(LlamaCppEngine(), fresh("<p>"), Sampling()).tokenize_bodies()
     assert first is not None and orjson.loads(first)["add_special"] is True
 
 

@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from wsmode.core import wire
 from wsmode.core.tokens.formats import TOOL_FORMATS, parser_for
 from wsmode.core.tokens.parsers import (
     MAX_CALL_CHARS,
     BrokenCall,
+    CallArgs,
     CallPiece,
+    CallStart,
     HermesParser,
     NoToolsParser,
     Piece,
@@ -39,8 +40,8 @@ SAMPLE = (
 SAMPLE_PIECES: list[Piece] = [
     ReasoningPiece("The user wants the weather.\n"),
     TextPiece("Let me check. 1 < 2 </b> <thinking>\n"),
-    CallPiece("get_weather", '{"city":"Paris"}'),
-    CallPiece("get_time", '{"tz":"CET"}'),
+    CallPiece("get_weather", '{"city": "Paris"}'),  # streamed: as written
+    CallPiece("get_time", '{"tz":"CET"}'),  # a string holding the object: written again
 ]
 SAMPLES: list[tuple[str, Make]] = [
     (SAMPLE, HermesParser),
@@ -188,39 +189,66 @@ def call(body: str) -> str:
     return f"<tool_call>\n{body}\n</tool_call>"
 
 
-def test_one_call_is_one_piece_with_compact_arguments() -> None:
+def test_one_call_is_one_piece_with_its_arguments_as_written() -> None:
     body = '{"name": "f", "arguments": {"a": [1, 2.5, null], "b": {"c": "é\\n"}}}'
-    assert whole(call(body)) == [CallPiece("f", '{"a":[1,2.5,null],"b":{"c":"é\\n"}}')]
+    assert whole(call(body)) == [CallPiece("f", '{"a": [1, 2.5, null], "b": {"c": "é\\n"}}')]
 
 
-def test_a_call_is_emitted_only_when_it_closes() -> None:
+def test_a_call_written_otherwise_than_name_first_is_read_whole_and_compact() -> None:
+    body = '{"arguments": {"a": 1}, "name": "f"}'
     parser = HermesParser()
-    assert parser.feed(f"<tool_call>\n{WEATHER}\n</tool_") == []
-    assert parser.feed("call>") == [CallPiece("get_weather", '{"city":"Paris"}')]
+    assert parser.feed(call(body)) == [CallPiece("f", '{"a":1}')]  # no CallStart before it
+
+
+def test_a_calls_arguments_stream_and_it_is_whole_only_when_it_closes() -> None:
+    parser = HermesParser()
+    assert parser.feed('<tool_call>\n{"name": "get_') == []  # the name is not whole yet
+    assert parser.feed('weather", "arguments": {"ci') == [
+        CallStart("get_weather"),
+        CallArgs('{"ci'),
+    ]
+    assert parser.feed('ty": "Pa{r}is"}') == [CallArgs('ty": "Pa{r}is"}')]
+    assert parser.feed("}\n</tool_") == []  # the object closing the call is not arguments
+    assert parser.feed("call>") == [CallPiece("get_weather", '{"city": "Pa{r}is"}', True)]
+
+
+def test_a_streamed_call_that_does_not_parse_is_broken_not_completed() -> None:
+    parser = HermesParser()
+    assert parser.feed('<tool_call>{"name": "f", "arguments": {"a": tru') == [
+        CallStart("f"),
+        CallArgs('{"a": tru'),
+    ]
+    raw = '{"name": "f", "arguments": {"a": tru}}'
+    assert parser.feed("}}</tool_call>") == [CallArgs("}"), BrokenCall(raw, "invalid_json")]
 
 
 def test_text_before_a_call_is_the_message() -> None:
     assert whole(f"I will look.\n{call(WEATHER)}") == [
         TextPiece("I will look.\n"),
-        CallPiece("get_weather", '{"city":"Paris"}'),
+        CallPiece("get_weather", '{"city": "Paris"}'),
     ]
 
 
 def test_two_calls_and_the_whitespace_around_them() -> None:
     text = f"\n\n {call(WEATHER)}\n\n{call(WEATHER.replace('Paris', 'Rome'))}\n"
     assert fed(HermesParser, [text]) == (
-        [CallPiece("get_weather", '{"city":"Paris"}'), CallPiece("get_weather", '{"city":"Rome"}')],
+        [
+            CallPiece("get_weather", '{"city": "Paris"}'),
+            CallPiece("get_weather", '{"city": "Rome"}'),
+        ],
         False,
     )
 
 
 def test_text_after_a_call_is_dropped_and_said_but_later_calls_count() -> None:
     parser = HermesParser()
-    assert parser.feed(call(WEATHER) + "\n") == [CallPiece("get_weather", '{"city":"Paris"}')]
+    assert joined(parser.feed(call(WEATHER) + "\n")) == [
+        CallPiece("get_weather", '{"city": "Paris"}')
+    ]
     assert not parser.after_calls_text  # whitespace only so far
     assert parser.feed("<tool_response>\n{}\n</tool_response> Sunny. <think>x</think>") == []
     assert parser.after_calls_text
-    assert parser.feed(call('{"name": "g", "arguments": {}}')) == [CallPiece("g", "{}")]
+    assert joined(parser.feed(call('{"name": "g", "arguments": {}}'))) == [CallPiece("g", "{}")]
     assert parser.feed(" more") == []
     assert parser.end() == []
     assert parser.after_calls_text
@@ -272,12 +300,16 @@ def test_a_broken_call_ends_the_message_like_a_call() -> None:
         BrokenCall("{nope}", "invalid_json"),
     ]
     assert parser.after_calls_text
-    assert parser.feed(call(WEATHER)) == [CallPiece("get_weather", '{"city":"Paris"}')]
+    assert joined(parser.feed(call(WEATHER))) == [CallPiece("get_weather", '{"city": "Paris"}')]
 
 
 def test_an_unterminated_call_is_broken_at_the_end() -> None:
     parser = HermesParser()
-    assert parser.feed(f"Hm.<tool_call>\n{WEATHER}\n</tool") == [TextPiece("Hm.")]
+    assert parser.feed(f"Hm.<tool_call>\n{WEATHER}\n</tool") == [
+        TextPiece("Hm."),
+        CallStart("get_weather"),
+        CallArgs('{"city": "Paris"}'),
+    ]
     assert parser.end() == [BrokenCall(f"\n{WEATHER}\n</tool", "unterminated")]
 
 
@@ -298,7 +330,7 @@ def test_too_long_is_said_when_the_bound_is_passed_and_the_rest_is_ignored() -> 
     parser = HermesParser(max_call_chars=40)
     assert parser.feed("<tool_call>" + "1" * 40) == []
     assert parser.feed("2" + "</tool_call>" * 3) == [BrokenCall("1" * 40, "too_long")]
-    assert parser.feed(call('{"name": "g", "arguments": {}}')) == [CallPiece("g", "{}")]
+    assert joined(parser.feed(call('{"name": "g", "arguments": {}}'))) == [CallPiece("g", "{}")]
     big = HermesParser(max_call_chars=8)
     assert big.feed("<tool_call>" + "x" * 100) == [BrokenCall("x" * 8, "too_long")]
     assert big.end() == []  # reported once, not again as unterminated
@@ -308,7 +340,7 @@ def test_the_default_bound_is_one_mebi_characters() -> None:
     assert MAX_CALL_CHARS == 1 << 20
     args = "x" * (MAX_CALL_CHARS - 100)
     body = '{"name": "w", "arguments": {"s": "' + args + '"}}'
-    assert whole(call(body)) == [CallPiece("w", '{"s":"' + args + '"}')]
+    assert whole(call(body)) == [CallPiece("w", '{"s": "' + args + '"}')]
     raw = f"\n{body}" + " " * 100
     assert whole(call(body + " " * 100)) == [BrokenCall(raw[:MAX_CALL_CHARS], "too_long")]
 
@@ -465,12 +497,8 @@ def _raw_output(name: str, *, closed: bool = True) -> tuple[list[str], list[Call
             fragments += ["</", "tool", "_", "call", ">"]
     if closed:
         fragments += ["\n", *junk]
-    expected = [CallPiece(fname, _compact("".join(args))) for fname, args in calls]
+    expected = [CallPiece(fname, "".join(args)) for fname, args in calls]  # as written
     return fragments, expected
-
-
-def _compact(arguments: str) -> str:
-    return wire.dumps(wire.loads(arguments)).decode()
 
 
 def test_text_then_two_calls_then_hallucinated_results_from_a_base_model() -> None:
@@ -479,7 +507,7 @@ def test_text_then_two_calls_then_hallucinated_results_from_a_base_model() -> No
     pieces, after = fed(HermesParser, fragments)
     # the same message text llama.cpp's own parser found, and the same calls
     assert pieces == [TextPiece("To answer this, use the following block:\n"), *calls]
-    assert calls[0] == CallPiece("get_weather", '{"city":"Paris"}')
+    assert calls[0] == CallPiece("get_weather", '{"city": "Paris"}')
     assert after  # the model kept talking after its calls
     assert fed(HermesParser, list("".join(fragments))) == (pieces, after)
 

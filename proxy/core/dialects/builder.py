@@ -190,6 +190,17 @@ class OutputBuilder:
         call = self._calls.get(source)
         return self._close(call, "completed") if call is not None else []
 
+    def abandon_call(self, key: Hashable) -> list[bytes]:
+        """End the call `key` whose arguments did not parse: its item is done `incomplete`,
+        with the arguments streamed so far and no `function_call_arguments.done` (which
+        would announce arguments that are whole)."""
+        item = self._calls.get(key)
+        if item is None:
+            return []
+        if self._current is item:
+            self._current = None
+        return self._close(item, "incomplete", arguments_done=False)
+
     def streamed(self, source: Hashable, part_kind: str) -> str | None:
         """What was streamed so far for the upstream's item `source` (None: never seen);
         `part_kind` is a content part kind, or "arguments" for a function call."""
@@ -276,14 +287,15 @@ class OutputBuilder:
         cur, self._current = self._current, None
         return self._close(cur, "completed") if cur is not None else []
 
-    def _close(self, item: _Item, status: str) -> list[bytes]:
+    def _close(self, item: _Item, status: str, *, arguments_done: bool = True) -> list[bytes]:
         out: list[bytes] = []
         base = {"item_id": item.id, "output_index": item.index}
         if item.type == "function_call":
-            args = "".join(item.args)
-            ev = {"type": "response.function_call_arguments.done", **base}
-            ev.update(name=item.name, arguments=args)
-            out.append(self._emit(ev))
+            if arguments_done:
+                args = "".join(item.args)
+                ev = {"type": "response.function_call_arguments.done", **base}
+                ev.update(name=item.name, arguments=args)
+                out.append(self._emit(ev))
             done = self._call_shape(item, status)
             self._calls.pop(item.source, None)
         else:

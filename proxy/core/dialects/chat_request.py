@@ -69,6 +69,11 @@ class Assembly:
     text: bytes | None = None
     calls: list[bytes] = field(default_factory=list)
     reasoning: list[bytes] = field(default_factory=list)
+    # where each message came from, when asked (`messages(origins=...)`): the indexes of
+    # the first and the last item it was made of; `opened`: the open turn's first item
+    origins: list[tuple[int, int]] | None = None
+    opened: int = -1
+    joined: int = -1
 
     def copy(self) -> Assembly:
         return Assembly(list(self.out), self.text, list(self.calls), list(self.reasoning))
@@ -348,14 +353,19 @@ def messages(
     opts: ChatOptions,
     memo: TranslationMemo | None,
     instructions: str | None = None,
+    origins: list[tuple[int, int] | None] | None = None,
 ) -> list[bytes]:
-    """The `messages` array's elements, each serialised, in order."""
+    """The `messages` array's elements, each serialised, in order. `origins`, when given,
+    gets one entry per message: the indexes of the first and the last item it was made of
+    (None for the instructions' message); the memo is not used then (a failure path)."""
     items = items if isinstance(items, list) else list(items)
     start, state, nbytes = 0, Assembly([]), 0
+    if origins is not None:
+        memo, state.origins = None, []
     cp = memo.resume(items) if memo is not None else None
     if cp is not None:
         start, state, nbytes = len(cp.prefix), cp.state, cp.nbytes
-    for raw in items[start:]:
+    for at, raw in enumerate(items[start:], start):
         nbytes += len(raw)
         piece = memo.get(raw) if memo is not None else None
         if piece is None:
@@ -364,31 +374,49 @@ def messages(
                 memo.put(raw, piece)
         kind = piece.kind
         if kind == CALL:
+            _open(state, at)
             state.calls.append(piece.data)
         elif kind == TEXT:
             if state.text is not None or state.calls:
                 _flush(state, opts)
+            _open(state, at)
             state.text = piece.data
         elif kind == REASONING:
             if state.text is not None or state.calls:
                 _flush(state, opts)
+            _open(state, at)
             state.reasoning.append(piece.data)
         elif kind == MESSAGE:
             _flush(state, opts)
             state.out.append(piece.data)
+            if state.origins is not None:
+                state.origins.append((at, at))
     if memo is not None and items:
         memo.checkpoint(Checkpoint(tuple(items), state.copy(), nbytes))
     _flush(state, opts)
+    if origins is not None and state.origins is not None:
+        origins.extend([None] if instructions else [])
+        origins.extend(state.origins)
     if instructions:
         return [wire.dumps({"role": opts.system_role, "content": instructions}), *state.out]
     return state.out
 
 
+def _open(state: Assembly, at: int) -> None:
+    """Item `at` joins the open assistant turn (the first one opens it)."""
+    if state.opened < 0:
+        state.opened = at
+    state.joined = at
+
+
 def _flush(state: Assembly, opts: ChatOptions) -> None:
     """Close the open assistant turn into one message: content, tool_calls, reasoning."""
+    opened, state.opened = state.opened, -1
     if state.text is None and not state.calls:
         state.reasoning.clear()  # reasoning that led to no answer is not a turn of its own
         return
+    if state.origins is not None:
+        state.origins.append((opened, state.joined))
     head = [b'{"role":"assistant","content":', state.text if state.text is not None else b'""']
     if state.calls:
         head += [b',"tool_calls":[', b",".join(state.calls), b"]"]

@@ -6,30 +6,32 @@ parent's turn (the rendered text and its ids) and what the model generated (the 
 server streamed and the ids it reported, never re-encoded). Turns link to their parent, so a
 chain of n turns holds each id once: memory grows with the chain, not with its square.
 
-A continuation renders the whole conversation with the chat template, then walks the parent's
-segments (prompt, generation, prompt, generation, ...) along the rendered text: each segment
-whose text is where the rendering has it keeps its ids. What follows the last kept segment is
-the only text tokenised. Normally every segment matches and the new text is just what the
-template writes after the last generation (the end of the assistant's turn, the new input, the
-generation prompt), so a turn's tokenising is proportional to its new input.
+A continuation (core/tokens/walk.py) lines the parent's segments (prompt pieces,
+generation, prompt pieces, ...) up with the rendered conversation: each segment whose text is
+where the rendering has it keeps its ids. Normally every segment matches and the new text is
+just what the template writes after the last generation (the end of the assistant's turn,
+the new input, the generation prompt), so a turn's tokenising is proportional to its new
+input.
 
 A segment that does not match is a divergence, counted by reason (`DIVERGENCES`), never
-silent: the template rewrote the history (`history_changed`: an edited instruction, a
-template that drops earlier reasoning), or rendered a generation other than the model wrote it
+silent: the template rewrote the history (`history_changed`: an edited instruction,
+truncation), or rendered a generation other than the model wrote it
 (`generation_rerendered`: a tool call re-serialised, reasoning dropped, text after a tool call
-cut), or the parent has no ids at all (`parent_without_ids`: made on another path). The ids
-before that segment are kept and the rest is tokenised again. Segments begin where a
-tokenisation was cut before (the start of a prompt, the start of a generation), so a cut
-there is one the server has already seen. A different model, template, tool set or
-engine (`fingerprint`) starts afresh.
+cut), or the parent has no ids at all (`parent_without_ids`: made on another path). Only the
+text from there to the next place where the history is as it was (a later segment, at a turn
+marker) is tokenised again, and the ids after it are kept. Segments begin where a
+tokenisation was cut before (the start of a prompt, of a generation, a turn marker, which is
+a special token the server tokenises on its own), so a cut there is one the server's own
+tokenising of the whole text makes too. A different model, template, tool set or engine
+(`fingerprint`) starts afresh.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 # why a continuation could not keep every id of its parent (the metric's `reason` label)
 DIVERGENCES: Final = (
@@ -59,7 +61,7 @@ class Segment:
 EMPTY_SEGMENT: Final = Segment("", array("i"), b"")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class TokenTurn:
     """One response's tokens, linked to its parent's."""
 
@@ -146,81 +148,121 @@ class TokenUse:
 
     reused: int  # ids kept from the parent's chain
     new: int  # ids the server tokenised for this turn
-    divergence: str | None  # one of DIVERGENCES, or None
+    divergences: tuple[str, ...] = ()  # one of DIVERGENCES per divergence, in order
+
+    @property
+    def divergence(self) -> str | None:
+        """The first divergence, if any (what the console shows)."""
+        return self.divergences[0] if self.divergences else None
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Rendered text the server tokenises: the new text at the end (`reason` None), or a
+    part of the history that diverged (`reason`, one of DIVERGENCES)."""
+
+    text: str
+    reason: str | None = None
+    # the id to leave out if the text's ids begin with it: the end-of-generation token the
+    # model produced just before, which the template writes again after the generation
+    repeated: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reused:
+    """An earlier turn's generation kept after a divergence, ids as the model made them."""
+
+    turn: TokenTurn
+
+
+Part: TypeAlias = Segment | Reused | Gap
 
 
 @dataclass(frozen=True, slots=True)
 class Continuation:
-    """How one turn's prompt is made from its parent's ids and the rendered text."""
+    """How one turn's prompt is made from its parent's ids and the rendered text: the ids
+    through `base`, then `parts` in order: segments and generations kept after a divergence,
+    and gaps of text to tokenise (the last part is always a gap: the new text)."""
 
-    base: TokenTurn | None  # the new turn's parent in the token chain (kept ids end there)
-    kept: tuple[bytes, ...]  # JSON pieces of the kept ids, oldest first
-    kept_ids: int  # how many ids are kept
-    text: str  # the text to tokenise: everything after the kept ids
-    # the id to leave out if the new text's ids begin with it: the end-of-generation token
-    # the model produced, which the template writes again after the generation
-    repeated: int | None
-    divergence: str | None  # one of DIVERGENCES, or None
+    base: TokenTurn | None  # the chain the prompt continues whole (None: none of it)
+    kept: tuple[bytes, ...]  # JSON pieces of the ids through `base`, oldest first
+    parts: tuple[Part, ...]
+    kept_ids: int  # ids kept: through `base`, and those of the kept parts
+    divergences: tuple[str, ...] = ()  # one per divergence, in order
+
+    @property
+    def gaps(self) -> tuple[Gap, ...]:
+        return tuple(p for p in self.parts if isinstance(p, Gap))
+
+    @property
+    def text(self) -> str:
+        """All the text to tokenise, the gaps joined (one gap, normally: the new text)."""
+        return "".join(g.text for g in self.gaps)
+
+    @property
+    def divergence(self) -> str | None:
+        return self.divergences[0] if self.divergences else None
+
+    @property
+    def repeated(self) -> int | None:
+        """The id the new text's ids leave out if they begin with it (the last gap's)."""
+        last = self.parts[-1] if self.parts else None
+        return last.repeated if isinstance(last, Gap) else None
 
 
 def fresh(rendered: str, divergence: str | None = None) -> Continuation:
-    return Continuation(None, (), 0, rendered, None, divergence)
+    why = (divergence,) if divergence else ()
+    return Continuation(None, (), (Gap(rendered, divergence),), 0, why)
 
 
-def continue_from(
-    parent: TokenTurn | None, rendered: str, fingerprint: str, turn_end: str = ""
-) -> Continuation:
-    """The continuation of `parent`'s chain by the conversation `rendered` as a whole.
-    `turn_end` is what the template writes after a model's turn (`<end_of_turn>` and a line
-    break, say): the last generation must be followed by it, else the history shows more or
-    other than the model wrote (its text matched only as a prefix)."""
-    if parent is None:
-        return fresh(rendered)
-    if not parent.fingerprint:  # NO_IDS_YET (or it read back from the store)
-        return fresh(rendered)
-    if parent.fingerprint != fingerprint:
-        return fresh(rendered, "fingerprint")
-    turns: list[TokenTurn] = []
-    turn: TokenTurn | None = parent
-    while turn is not None:
-        turns.append(turn)
-        turn = turn.parent
-    turns.reverse()
-    kept: list[bytes] = []
-    kept_ids = 0
-    at = 0
-    base: TokenTurn | None = None
-    for t in turns:
-        for j, seg in enumerate(t.prompt):
-            if not rendered.startswith(seg.text, at):
-                # the segments of this prompt before it stay, as a turn that generated nothing
-                head = TokenTurn(base, fingerprint, t.prompt[:j], EMPTY_SEGMENT) if j else base
-                return _cut(head, kept, kept_ids, rendered, at, "history_changed")
-            kept.append(seg.json)
-            kept_ids += len(seg.ids)
-            at += len(seg.text)
-        gen = t.generated
-        rerendered = not rendered.startswith(gen.text, at)
-        if not rerendered and t is parent and turn_end:
-            # the last generation must be followed by the end of a model's turn, else the
-            # history shows more or other than the model wrote (it matched as a prefix only)
-            rerendered = not rendered.startswith(turn_end, at + len(gen.text))
-        if rerendered:  # its prompt stays; its generation is tokenised again as rendered
-            head = TokenTurn(base, fingerprint, t.prompt, EMPTY_SEGMENT)
-            return _cut(head, kept, kept_ids, rendered, at, "generation_rerendered")
-        at += len(gen.text)
-        kept.append(gen.json)
-        kept_ids += len(gen.ids)
-        base = t
-    last = parent.generated.ids
-    repeated = last[-1] if parent.eos and last else None
-    return Continuation(base, tuple(p for p in kept if p), kept_ids, rendered[at:], repeated, None)
-
-
-def _cut(
-    base: TokenTurn | None, kept: list[bytes], kept_ids: int, rendered: str, at: int, why: str
-) -> Continuation:
-    return Continuation(base, tuple(p for p in kept if p), kept_ids, rendered[at:], None, why)
+def turn_after(
+    plan: Continuation,
+    ids: Sequence[list[int]],
+    marker: tuple[str, int] | None,
+    fingerprint: str,
+    generated: Segment,
+    *,
+    logprobs: array[float] | None = None,
+    eos: bool = False,
+) -> TokenTurn:
+    """The turn a response made from `plan` keeps: its prompt after the plan's base (the
+    kept parts and each gap's text with its `ids`, cut before each turn `marker`) and what
+    the model `generated`. A generation kept after a divergence (`Reused`) ends a turn of
+    its own, so the chain still reads prompt, generation, prompt, ..."""
+    prev = plan.base
+    # ids through the base: the kept ones but those of the kept parts
+    length = plan.kept_ids - sum(
+        len(p.turn.generated.ids if isinstance(p, Reused) else p.ids)
+        for p in plan.parts
+        if not isinstance(p, Gap)
+    )
+    pieces: list[Segment] = []
+    gaps = iter(ids)
+    for part in plan.parts:
+        if isinstance(part, Gap):
+            new = next(gaps)
+            if part.text:
+                pieces.extend(split_at_turns(part.text, new, marker))
+            length += len(new)
+        elif isinstance(part, Reused):
+            t = part.turn
+            prev = TokenTurn(
+                prev, fingerprint, tuple(pieces), t.generated, t.logprobs, t.eos, length
+            )
+            length += len(t.generated.ids)
+            pieces = []
+        else:
+            pieces.append(part)
+            length += len(part.ids)
+    return TokenTurn(
+        prev,
+        fingerprint,
+        tuple(pieces),
+        generated,
+        logprobs=logprobs,
+        eos=eos,
+        prompt_length=length,
+    )
 
 
 # ---------------------------------------------------------------- stored (the Redis store)
@@ -265,17 +307,28 @@ def chain_records(turn: TokenTurn | None, stop: TokenTurn | None) -> list[dict[s
     return out
 
 
-def prompt_json(c: Continuation, new: bytes) -> bytes:
-    """The prompt as a JSON array: the kept ids, then `new` (the new text's ids as JSON
-    array elements)."""
-    pieces = [*c.kept, new] if new else list(c.kept)
+def prompt_json(c: Continuation, *new: bytes) -> bytes:
+    """The prompt as a JSON array: the kept ids and, in place of each gap, `new`'s piece
+    (that gap's ids as JSON array elements), in order."""
+    pieces = list(c.kept)
+    gaps = iter(new)
+    for part in c.parts:
+        if isinstance(part, Gap):
+            piece = next(gaps, b"")
+        elif isinstance(part, Reused):
+            piece = part.turn.generated.json
+        else:
+            piece = part.json
+        if piece:
+            pieces.append(piece)
     return b"[" + b",".join(pieces) + b"]"
 
 
-def new_ids(c: Continuation, ids: list[int]) -> list[int]:
-    """The new text's ids as they go into the prompt: an end-of-generation id the model
-    already produced is not repeated."""
-    if c.repeated is not None and ids and ids[0] == c.repeated:
+def new_ids(c: Continuation | Gap, ids: list[int]) -> list[int]:
+    """A gap's ids as they go into the prompt (a continuation: its last gap's): an
+    end-of-generation id the model already produced is not repeated."""
+    repeated = c.repeated
+    if repeated is not None and ids and ids[0] == repeated:
         return ids[1:]
     return ids
 
@@ -285,15 +338,18 @@ __all__ = [
     "EMPTY_SEGMENT",
     "NO_IDS_YET",
     "Continuation",
+    "Gap",
+    "Part",
+    "Reused",
     "Segment",
     "TokenTurn",
     "TokenUse",
     "chain_records",
-    "continue_from",
     "fresh",
     "new_ids",
     "prompt_json",
     "split_at_turns",
+    "turn_after",
     "turn_of",
     "turn_record",
 ]

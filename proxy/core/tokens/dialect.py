@@ -2,11 +2,13 @@
 template, keeps each response's ids, sends ids to the engine's generate endpoint and parses the
 generated text into Responses events itself.
 
-A turn's request is a `TokenPrompt`: the parent's kept ids (core/tokens/chain.py) and the new
-text to tokenise. The runner asks the server to tokenise that text, reports its ids
-(`PromptTokenized`) and sends the prompt; the stream is read by `TokenStream`, which feeds the
-engine's deltas through the output parser (core/tokens/parsers.py) into the canonical event
-sequence (core/dialects/builder.py).
+A turn's request is a `TokenPrompt`: the parent's kept ids (core/tokens/chain.py) and the
+text no kept ids cover, in gaps (normally one: the new text), found by rendering only the new
+messages where the template allows (core/tokens/incremental.py) and lining the parent's chain
+up with the text (core/tokens/walk.py). The runner asks the server to tokenise each gap,
+reports their ids (`PromptTokenized`) and sends the prompt; the stream is read by
+`TokenStream`, which feeds the engine's deltas through the output parser
+(core/tokens/parsers.py) into the canonical event sequence (core/dialects/builder.py).
 
 Summaries of a compaction, which are the proxy's own requests, go over the server's Chat
 Completions endpoint (every engine serves one): `body`, `path` and `translator` are the Chat
@@ -25,7 +27,7 @@ from .. import wire
 from ..api_objects import usage_of
 from ..context.render import context_length_exceeded
 from ..conversation import CachedResponse
-from ..dialects.builder import BuiltStream
+from ..dialects.builder import BuiltStream, OutputBuilder
 from ..dialects.chat import ChatDialect, ChatStream, namespace_names
 from ..dialects.chat_request import messages as chat_messages
 from ..dialects.chat_settings import chat_settings
@@ -35,28 +37,33 @@ from ..sse import SSEEvent
 from ..urls import ROOT
 from .chain import (
     Continuation,
+    Gap,
     Segment,
     TokenTurn,
     TokenUse,
-    continue_from,
     fresh,
     new_ids,
     prompt_json,
-    split_at_turns,
+    turn_after,
 )
 from .engine import EngineUsage, Generated, Sampling, TokenEngine, protocol_error
 from .harmony import HarmonyParser
 from .identity import ServerIdentity, changed_parts, out_of_vocab
 from .identity import fingerprint as fingerprint_of
+from .incremental import Rendered, RenderMemo, render_turn
+from .naming import named
 from .parsers import (
     BrokenCall,
+    CallArgs,
     CallPiece,
+    CallStart,
     OutputParser,
     ReasoningEnd,
     ReasoningPiece,
     TextPiece,
 )
-from .template import ChatTemplate, object_arguments, template_tools
+from .template import ChatTemplate, TemplateFailed, template_tools
+from .walk import continue_after, continue_from
 
 log = logging.getLogger("wsmode.tokens")
 
@@ -98,7 +105,8 @@ class TokenSetup:
 
 @dataclass(frozen=True, slots=True)
 class TokenPrompt:
-    """One turn's prompt, to be completed by the runner: tokenise `plan.text`, then send."""
+    """One turn's prompt, to be completed by the runner: tokenise each gap's text, then
+    send."""
 
     engine: TokenEngine
     plan: Continuation
@@ -106,39 +114,54 @@ class TokenPrompt:
     marker: tuple[str, int] | None = None  # the turn marker the new ids are cut at (chain.py)
     context_window: int = 0  # the server's (llama.cpp's n_ctx); 0: unknown
     vocab_size: int = 0  # the server's; 0: unknown
+    # what this turn's text was rendered from, for the next turn (core/tokens/incremental.py)
+    rendered: Rendered | None = None
+    parent: TokenTurn | None = None  # the token turn it continues (its memo entry goes)
 
-    def tokenize_body(self) -> bytes | None:
-        """The tokenise request for the new text, None when there is none."""
-        if not self.plan.text:
-            return None
-        return self.engine.tokenize_body(self.plan.text, add_special=self.plan.kept_ids == 0)
+    def tokenize_bodies(self) -> list[bytes | None]:
+        """One tokenise request per gap (None for a gap without text). Only text at the very
+        start of the prompt is tokenised with the model's BOS, as the chat endpoint does."""
+        plan = self.plan
+        out: list[bytes | None] = []
+        for i, part in enumerate(plan.parts):
+            if isinstance(part, Gap):
+                start = i == 0 and not plan.kept
+                body = (
+                    self.engine.tokenize_body(part.text, add_special=start) if part.text else None
+                )
+                out.append(body)
+        return out
 
-    def new_ids(self, answer: bytes | None) -> list[int]:
-        """The new text's ids from the tokenise answer (None: there was no new text). Raises
+    def new_ids(self, answers: list[bytes | None]) -> list[list[int]]:
+        """Each gap's ids from its tokenise answer (None: it had no text). Raises
         `protocol_error` on an id outside the server's vocabulary."""
-        if answer is None:
-            return []
-        ids = self.engine.tokenize_ids(answer)
-        if (bad := out_of_vocab(ids, self.vocab_size)) is not None:
-            raise protocol_error(
-                f"upstream tokenised the prompt into token id {bad}, outside its vocabulary "
-                f"of {self.vocab_size} ids ({self.engine.name} {self.engine.tokenize_path} "
-                "`tokens`)"
-            )
-        return new_ids(self.plan, ids)
+        out: list[list[int]] = []
+        for gap, answer in zip(self.plan.gaps, answers, strict=True):
+            if answer is None:
+                out.append([])
+                continue
+            ids = self.engine.tokenize_ids(answer)
+            if (bad := out_of_vocab(ids, self.vocab_size)) is not None:
+                raise protocol_error(
+                    f"upstream tokenised the prompt into token id {bad}, outside its vocabulary "
+                    f"of {self.vocab_size} ids ({self.engine.name} {self.engine.tokenize_path} "
+                    "`tokens`)"
+                )
+            out.append(new_ids(gap, ids))
+        return out
 
-    def over_window(self, ids: list[int]) -> ClientError | None:
+    def over_window(self, ids: list[list[int]]) -> ClientError | None:
         """The refusal of a prompt of the kept ids and `ids` that does not fit the server's
         own context window with room for one generated token: the server would refuse it,
         so it is not asked. (`upstream.context_window` is the context manager's, from its
         estimates: a planning bound, not this one.)"""
-        n = self.plan.kept_ids + len(ids)
+        n = self.plan.kept_ids + sum(map(len, ids))
         window = self.context_window
         return context_length_exceeded(n, window) if window and n >= window else None
 
-    def body(self, ids: list[int]) -> bytes:
-        new = ",".join(map(str, ids)).encode()
-        return self.engine.generate_body(prompt_json(self.plan, new), self.sampling)
+    def body(self, ids: list[list[int]]) -> bytes:
+        new = [",".join(map(str, gap)).encode() for gap in ids]
+        return self.engine.generate_body(prompt_json(self.plan, *new), self.sampling)
 
 
 def fingerprint(setup: TokenSetup, settings: Mapping[str, Any]) -> str:
@@ -164,9 +187,11 @@ class TokenStream(BuiltStream):
         new_id: Callable[[str], str],
         tags: Mapping[int, str] | None = None,
         vocab_size: int = 0,
+        renders: RenderMemo | None = None,
     ) -> None:
         super().__init__(request, patch, clock=clock, new_id=new_id)
         self._vocab = vocab_size
+        self._renders = renders
         self._engine_stream = engine.stream()
         self._parser = parser
         # the harmony parser reads the generated ids; the others read their text
@@ -175,6 +200,7 @@ class TokenStream(BuiltStream):
         self._model = model
         self._tags = tags or {}
         self._calls = 0
+        self._open_call: tuple[str, int] | None = None  # the call whose arguments stream
         self._thinks = 0  # think blocks closed so far (each one reasoning item)
         # ended before the server's end: the text after the tool calls is not wanted, and the
         # driver stops the upstream request (`CancelUpstream`)
@@ -188,7 +214,8 @@ class TokenStream(BuiltStream):
         self.finish: str | None = None
         self.prompt: TokenPrompt | None = None  # set by the planner, with `fingerprint`
         self.fingerprint = ""
-        self.prompt_ids: list[int] | None = None  # the new text's ids (`PromptTokenized`)
+        # each gap's ids, as the server tokenised them (`PromptTokenized`)
+        self.prompt_ids: list[list[int]] | None = None
 
     def feed(self, event: SSEEvent) -> list[bytes]:
         if self.outcome is not None:
@@ -205,27 +232,26 @@ class TokenStream(BuiltStream):
         if self.prompt is None or self.prompt_ids is None:
             return None
         plan = self.prompt.plan
-        return TokenUse(plan.kept_ids, len(self.prompt_ids), plan.divergence)
+        return TokenUse(plan.kept_ids, sum(map(len, self.prompt_ids)), plan.divergences)
 
     def turn(self) -> TokenTurn | None:
         """The response's tokens, once its prompt is known: what was generated so far, for a
         response cut short too (a steer's boundary), since those ids are what the server
-        holds."""
+        holds (chain.py `turn_after`)."""
         if self.prompt is None or self.prompt_ids is None:
             return None
-        plan = self.prompt.plan
-        base = plan.base
-        prompt = split_at_turns(plan.text, self.prompt_ids, self.prompt.marker)
-        length = plan.kept_ids + len(self.prompt_ids)
-        return TokenTurn(
-            base,
+        turn = turn_after(
+            self.prompt.plan,
+            self.prompt_ids,
+            self.prompt.marker,
             self.fingerprint,
-            prompt,
             Segment.of("".join(self.text), self.ids),
             logprobs=self.logprobs if self.logprobs else None,
             eos=self.finish == "stop" and self._broken is None and not self.cut_short,
-            prompt_length=length,
         )
+        if self._renders is not None and self.prompt.rendered is not None:
+            self._renders.keep(turn, self.prompt.rendered, self.prompt.parent)
+        return turn
 
     # ------------------------------------------------------------ internals
 
@@ -285,25 +311,42 @@ class TokenStream(BuiltStream):
             elif isinstance(p, ReasoningEnd):  # an item boundary now, not at the next text
                 out += b.close_source(("think", self._thinks))
                 self._thinks += 1
+            elif isinstance(p, CallStart):  # its arguments stream from now on
+                key = self._open_call = ("call", self._calls)
+                self._calls += 1
+                out += self._call_open(b, key, p.name)
+            elif isinstance(p, CallArgs):
+                if self._open_call is not None:
+                    out += b.call_args(self._open_call, p.text)
+            elif isinstance(p, CallPiece) and p.streamed and self._open_call is not None:
+                # parsed, and its arguments are the deltas sent: `.done` only now
+                key, self._open_call = self._open_call, None
+                out += b.close_source(key)
             elif isinstance(p, CallPiece):
                 key = ("call", self._calls)
                 self._calls += 1
-                name, namespace = p.name, None
-                if name in self._names:
-                    namespace, name = self._names[name]
-                out += b.call_open(
-                    key, call_id=self._new_id("call"), name=name, namespace=namespace
-                )
+                out += self._call_open(b, key, p.name)
                 out += b.call_args(key, p.arguments)
                 out += b.close_source(key)  # whole when parsed: done at once
             elif isinstance(p, BrokenCall):
-                # never a completed call with broken arguments: the text as the model wrote
-                # it, and the response ends incomplete (cut by the limit: that reason; else
-                # no reason of the API's fits, so none is given)
-                out += b.text(p.raw)
+                # never a completed call with broken arguments: a call already streaming
+                # ends incomplete; else its text is shown as the model wrote it. The response
+                # ends incomplete (cut by the limit: that reason; else no reason of the
+                # API's fits, so none is given)
+                if self._open_call is not None:
+                    key, self._open_call = self._open_call, None
+                    out += b.abandon_call(key)
+                else:
+                    out += b.text(p.raw)
                 if self._broken is None:
                     self._broken = "max_output_tokens" if p.reason == "unterminated" else ""
         return out
+
+    def _call_open(self, b: OutputBuilder, key: tuple[str, int], name: str) -> list[bytes]:
+        namespace = None
+        if name in self._names:
+            namespace, name = self._names[name]
+        return b.call_open(key, call_id=self._new_id("call"), name=name, namespace=namespace)
 
 
 class TokenDialect:
@@ -323,6 +366,9 @@ class TokenDialect:
         self.not_ready: str | None = "the token engine has not been probed yet"
         self._clock = clock
         self._new_id = new_id
+        # what each chain's last prompt was rendered from (core/tokens/incremental.py), under
+        # the translation memo's bound: it holds the same translated messages
+        self.renders = RenderMemo(chat.options.translation_cache_bytes)
 
     # ---- the Dialect protocol, for the proxy's own requests (summaries)
 
@@ -345,6 +391,15 @@ class TokenDialect:
 
     def ready(self, setup: TokenSetup) -> None:
         self.setup, self.not_ready = setup, None
+        t = setup.template
+        if t.append_only is None:
+            log.info("chat template %s: a continuation renders only its new messages", t.name)
+        else:
+            log.info(
+                "chat template %s renders the whole conversation every turn: %s",
+                t.name,
+                t.append_only,
+            )
 
     def unready(self, reason: str) -> None:
         """The token path cannot serve now (turns fail with 503 `upstream_not_ready`)."""
@@ -363,6 +418,7 @@ class TokenDialect:
             new_id=self._new_id,
             tags=setup.tags,
             vocab_size=setup.vocab_size,
+            renders=self.renders,
         )
 
     def prompt(
@@ -371,43 +427,56 @@ class TokenDialect:
         items: list[bytes],
         parent: CachedResponse | None,
         extra: Mapping[str, Any],
+        new_items: int = 0,
     ) -> tuple[TokenPrompt, str]:
         """The turn's prompt, continuing `parent`'s ids (None: a new token chain), and its
-        fingerprint. Raises ClientError (the template failed, the path is not ready)."""
+        fingerprint. `new_items`: how many of `items`, at their end, are the request's own
+        input (the rest is the history), for naming the item a template fails on. Raises
+        ClientError (the template failed, the path is not ready)."""
         setup = self._setup()
         opts = self.chat.options
         head, _ = chat_settings(settings, opts)
-        instructions = settings.get("instructions")
-        msgs = [
-            wire.loads(m)
-            for m in chat_messages(
-                items,
-                opts,
-                self.chat.memo,
-                instructions if isinstance(instructions, str) else None,
-            )
-        ]
+        raw = settings.get("instructions")
+        instructions = raw if isinstance(raw, str) else None
+        msgs = chat_messages(items, opts, self.chat.memo, instructions)
         tools = template_tools(head.get("tools"))
-        text = setup.template.render(object_arguments(msgs), tools)
         print_ = fingerprint(setup, settings)
-        if parent is not None and parent.tokens is None:  # made on another path
-            plan = fresh(text, "parent_without_ids")
-        else:
-            turn = parent.tokens if parent is not None else None
-            end = setup.turn_end
-            if turn is not None and setup.closing and turn.generated.text.endswith(setup.closing):
-                end = ""  # the model's own end of turn closed it (harmony's <|call|>)
-            plan = continue_from(turn, text, print_, end)
-            if plan.divergence == "fingerprint" and turn is not None:
-                _log_change(turn.fingerprint, print_)
+        turn = parent.tokens if parent is not None else None
+        turn_end = setup.turn_end
+        if turn is not None and setup.closing and turn.generated.text.endswith(setup.closing):
+            turn_end = ""  # the model's own end of turn closed it (harmony's <|call|>)
+        template, marker = setup.template, setup.turn_marker
+        memo = self.renders.find(turn)
+        try:
+            text = render_turn(template, msgs, tools, print_, memo.rendered if memo else None)
+            plan = None
+            if text.after is not None and turn is not None and memo is not None:
+                end, chain = text.after.prompt, (memo.kept, memo.ids)
+                plan = continue_after(turn, text.tail, end, print_, turn_end, chain)
+                if plan is None:  # the history renders otherwise: walk it whole
+                    text = render_turn(template, msgs, tools, print_)
+            if plan is None:
+                whole = text.whole
+                assert whole is not None  # rendered whole unless it went on from the parent
+                if parent is not None and turn is None:  # made on another path
+                    plan = fresh(whole, "parent_without_ids")
+                else:
+                    mark = marker[0] if marker is not None else ""
+                    plan = continue_from(turn, whole, print_, turn_end, mark)
+                    if plan.divergence == "fingerprint" and turn is not None:
+                        _log_change(turn.fingerprint, print_)
+        except TemplateFailed as exc:
+            raise named(exc, items, instructions, new_items, opts) from None
         sampling = _sampling(settings, extra, setup)
         prompt = TokenPrompt(
             setup.engine,
             plan,
             sampling,
-            setup.turn_marker,
+            marker,
             setup.context_window,
             setup.vocab_size,
+            text.rendered,
+            turn,
         )
         return prompt, print_
 

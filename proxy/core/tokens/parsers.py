@@ -8,8 +8,13 @@ anywhere (a tag may arrive as `<tool_` then `call>`), and returns pieces:
 - `TextPiece` and `ReasoningPiece`: deltas of the message text and of the reasoning text,
   emitted as soon as they are certainly not the start of a tag (only a trailing fragment that
   could begin one is held back, so text streams as smoothly as the model writes it);
-- `CallPiece`: one whole tool call, emitted when its closing tag arrives;
-- `BrokenCall`: a tool call block that cannot be read as one (see its `reason`).
+- `CallStart` and `CallArgs`: a tool call whose name has been read, and deltas of its
+  arguments' JSON text as the model writes it (Hermes calls written name first, arguments an
+  object, as models write them);
+- `CallPiece`: one whole tool call, emitted when its closing tag arrives and its JSON parses
+  (`streamed`: its arguments went out as `CallArgs` already, and are their concatenation);
+- `BrokenCall`: a tool call block that cannot be read as one (see its `reason`); after a
+  `CallStart` it ends that call, which is then never a completed call.
 
 Concatenating the text deltas (and the reasoning deltas) gives the same result however the
 output was cut; tests/unit/test_token_parsers.py feeds every split.
@@ -37,10 +42,12 @@ else the last call is `BrokenCall(reason="unterminated")`.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
 from .. import wire
+from .json_scan import ObjectEnd
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -67,12 +74,28 @@ class ReasoningPiece:
 
 
 @dataclass(frozen=True, slots=True)
+class CallStart:
+    """A tool call begins: its name is read, its arguments follow as `CallArgs`."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallArgs:
+    """A delta of the arguments' JSON text of the call `CallStart` began, as written."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class CallPiece:
-    """One tool call; `arguments` is the JSON text of the arguments object, written compactly
-    from its parsed value (the Responses `function_call.arguments` string)."""
+    """One tool call; `arguments` is the JSON text of the arguments object (the Responses
+    `function_call.arguments` string): as the model wrote it when `streamed` (the `CallArgs`
+    deltas joined, checked to parse), else written compactly from its parsed value."""
 
     name: str
     arguments: str
+    streamed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +121,14 @@ class ReasoningEnd:
     steer may cut the response)."""
 
 
-Piece: TypeAlias = TextPiece | ReasoningPiece | ReasoningEnd | CallPiece | BrokenCall
+Piece: TypeAlias = (
+    TextPiece | ReasoningPiece | ReasoningEnd | CallStart | CallArgs | CallPiece | BrokenCall
+)
+
+# a Hermes call written as models write it: `{"name": "NAME", "arguments": {` (the arguments
+# object begins at the end of the match); looked for in a call's first characters only
+_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\{)')
+_CALL_HEAD_CHARS = 512
 
 
 class OutputParser(Protocol):
@@ -180,6 +210,9 @@ class _TagParser:
         self._lstrip = starts_in_think  # drop whitespace at the start of reasoning, or after it
         self._call: list[str] = []  # the current call's text, in fragments
         self._call_chars = 0
+        # the current call's arguments as they stream: None until its name is read, False
+        # when it is not written name first (it is then read whole at its end)
+        self._args: ObjectEnd | bool | None = None
         self._after_calls_text = False
 
     @property
@@ -243,6 +276,8 @@ class _TagParser:
                 out.append(BrokenCall(raw, "too_long"))
                 self._call = []
                 self._mode = _Mode.SKIP
+                return
+            self._stream_call(text, out)
         elif mode is _Mode.AFTER and not text.isspace():
             self._after_calls_text = True
         # SKIP, or whitespace after a call: nothing
@@ -262,11 +297,53 @@ class _TagParser:
             self._mode = _Mode.CALL
             self._call = []
             self._call_chars = 0
+            self._args = None
         else:  # CALL_CLOSE, in CALL or SKIP
             if self._mode is _Mode.CALL:
-                out.append(call_from_json("".join(self._call)))
+                out.append(self._call_end("".join(self._call)))
                 self._call = []
             self._mode = _Mode.AFTER
+
+    def _stream_call(self, text: str, out: list[Piece]) -> None:
+        """The call's name once it is read, then its arguments' text as it comes."""
+        args = self._args
+        if args is None:
+            so_far = "".join(self._call)
+            head = _CALL_HEAD.match(so_far)
+            if head is None:
+                if len(so_far) > _CALL_HEAD_CHARS:
+                    self._args = False  # not written name first: read whole at the end
+                return
+            try:
+                name = wire.loads(head.group(1))
+            except wire.JSONDecodeError:
+                self._args = False
+                return
+            if not isinstance(name, str) or not name:
+                self._args = False
+                return
+            out.append(CallStart(name))
+            args = self._args = ObjectEnd()
+            text = so_far[head.end() :]
+        if isinstance(args, ObjectEnd) and not args.done:
+            used = args.feed(text)
+            if used:
+                out.append(CallArgs(text[:used]))
+
+    def _call_end(self, raw: str) -> CallPiece | BrokenCall:
+        call = call_from_json(raw)
+        args = self._args
+        if not isinstance(args, ObjectEnd) or isinstance(call, BrokenCall):
+            return call
+        # streamed: the arguments are what went out, if they are the call's whole arguments
+        text = "".join(args.text)
+        try:
+            same = args.done and wire.loads(text) == wire.loads(call.arguments)
+        except wire.JSONDecodeError:
+            same = False
+        if not same:
+            return BrokenCall(raw, "bad_arguments")
+        return CallPiece(call.name, text, streamed=True)
 
 
 class HermesParser(_TagParser):
@@ -278,6 +355,7 @@ class HermesParser(_TagParser):
 
     Text before the first call is the message; once a call block has closed, text outside
     further call blocks is dropped (`after_calls_text` tells), and later calls still count.
+    A call written `{"name": ..., "arguments": {...}}` streams (`CallStart`, `CallArgs`).
     """
 
     def __init__(

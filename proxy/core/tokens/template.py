@@ -27,6 +27,7 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import ClientError
+from .template_shape import append_only
 
 
 class TemplateFailed(ClientError):
@@ -36,8 +37,23 @@ class TemplateFailed(ClientError):
     status = 400
     type = "invalid_request_error"
 
-    def __init__(self, message: str) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        template: str = "",
+        culprit: int | None = None,
+        what: str = "",
+        why: str = "",
+    ) -> None:
         super().__init__(message, code="chat_template_error")
+        self.template = template  # its name (where it came from)
+        # the index of the message the rendering fails at (None: the generation prompt, or
+        # not known), what the template did ("refused", "failed to render") and its words:
+        # the token dialect names the client's item from them (core/tokens/dialect.py)
+        self.culprit = culprit
+        self.what = what
+        self.why = why
 
 
 class _Raised(Exception):
@@ -88,11 +104,36 @@ class ChatTemplate:
         env.globals["strftime_now"] = lambda fmt: datetime.fromtimestamp(clock()).strftime(fmt)
         try:
             self._template = env.from_string(source)
+            shape = append_only(env.parse(source))
         except TemplateError as exc:
             raise ValueError(f"chat template {name} does not compile: {exc}") from None
         self.digest = hashlib.sha256(
             b"\0".join(s.encode() for s in (source, bos_token, eos_token))
         ).hexdigest()[:16]
+        self.uses_clock = "strftime_now" in source
+        # None when a continuation may render only its new messages (template_shape.py);
+        # else why it renders the whole conversation every turn
+        self.append_only: str | None = shape if shape is not None else self._append_probe()
+
+    def _append_probe(self) -> str | None:
+        """The append-only rendering, checked on a probe conversation: a template whose
+        shape passed but whose text differs renders whole (a safety net, never expected)."""
+        first = {"role": "system", "content": "be brief"}
+        more = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "more"},
+        ]
+        try:
+            whole = self.render([first, *more])
+            head = self.render([first], add_generation_prompt=False)
+            history = self.render([first, *more[:2]], add_generation_prompt=False)
+            window = self.render([first, more[2]])
+        except TemplateFailed:
+            return None  # it refuses the probe (no system role, say): the shape decides
+        if window.startswith(head) and whole == history + window[len(head) :]:
+            return None
+        return "its rendering of a probe conversation is not the history's followed by the rest"
 
     def turn_end(self) -> str:
         """What the template writes right after a model's turn (`<end_of_turn>` and a line
@@ -121,9 +162,19 @@ class ChatTemplate:
             what, why = "refused", str(exc)
         except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
             what, why = "failed to render", f"{type(exc).__name__}: {exc}"
+        n = self._culprit(messages, tools)
+        if n is None:
+            at = f"the generation prompt, after {len(messages)} messages"
+        else:
+            role = messages[n].get("role")
+            shown = role if isinstance(role, str) else "no"
+            at = f"message {n + 1} of {len(messages)} ({shown} role)"
         raise TemplateFailed(
-            f"chat template {self.name} {what} the conversation at "
-            f"{self._culprit(messages, tools)}: {why}"
+            f"chat template {self.name} {what} the conversation at {at}: {why}",
+            template=self.name,
+            culprit=n,
+            what=what,
+            why=why,
         )
 
     def _render(
@@ -142,17 +193,16 @@ class ChatTemplate:
 
     def _culprit(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
-    ) -> str:
-        """Which message the rendering fails at: the first that fails with those before it
-        (a failure path only, so rendering each prefix again is affordable)."""
+    ) -> int | None:
+        """The index of the message the rendering fails at: the first that fails with those
+        before it (a failure path only, so rendering each prefix again is affordable); None
+        when every prefix renders (the generation prompt fails)."""
         for n in range(1, len(messages) + 1):
             try:
                 self._render(messages[:n], tools, False)
             except Exception:  # any failure of the template's code counts
-                role = messages[n - 1].get("role")
-                shown = role if isinstance(role, str) else "no"
-                return f"message {n} of {len(messages)} ({shown} role)"
-        return f"the generation prompt, after {len(messages)} messages"
+                return n - 1
+        return None
 
 
 def object_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
