@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import wire
 from ..api_objects import usage_of
 from ..context.render import context_length_exceeded
 from ..conversation import CachedResponse
@@ -46,9 +45,9 @@ from .chain import (
     prompt_json,
     turn_after,
 )
-from .engine import EngineUsage, Generated, Sampling, TokenEngine, protocol_error
+from .engine import EngineUsage, Generated, Sampling, TokenEngine, protocol_error, sampling_of
 from .harmony import HarmonyParser
-from .identity import ServerIdentity, changed_parts, out_of_vocab
+from .identity import ServerIdentity, log_change, out_of_vocab
 from .identity import fingerprint as fingerprint_of
 from .incremental import Rendered, RenderMemo, render_turn
 from .naming import named
@@ -464,10 +463,10 @@ class TokenDialect:
                     mark = marker[0] if marker is not None else ""
                     plan = continue_from(turn, whole, print_, turn_end, mark)
                     if plan.divergence == "fingerprint" and turn is not None:
-                        _log_change(turn.fingerprint, print_)
+                        log_change(turn.fingerprint, print_)
         except TemplateFailed as exc:
             raise named(exc, items, instructions, new_items, opts) from None
-        sampling = _sampling(settings, extra, setup)
+        sampling = sampling_of(settings, extra, setup.model)
         prompt = TokenPrompt(
             setup.engine,
             plan,
@@ -489,38 +488,6 @@ class TokenDialect:
                 type="server_error",
             )
         return self.setup
-
-
-def _log_change(old: str, new: str) -> None:
-    """Say which parts of the fingerprint changed, since the metric says only that one did."""
-    log.info(
-        "token path: the parent's ids are not reused, its fingerprint differs in %s; the "
-        "conversation is tokenised afresh",
-        ", ".join(changed_parts(old, new)),
-    )
-
-
-def _sampling(settings: Mapping[str, Any], extra: Mapping[str, Any], setup: TokenSetup) -> Sampling:
-    def number(key: str) -> float | None:
-        v = settings.get(key)
-        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-    limit = settings.get("max_output_tokens")
-    seed = settings.get("seed")
-    include = settings.get("include")
-    slot = extra.get("id_slot")
-    chain = extra.get("prompt_cache_key")
-    return Sampling(
-        model=setup.model,  # the served name: a client's may be any
-        max_tokens=limit if wire.is_int(limit) else None,
-        temperature=number("temperature"),
-        top_p=number("top_p"),
-        seed=seed if wire.is_int(seed) else None,
-        logprobs=(isinstance(include, list) and "message.output_text.logprobs" in include)
-        or wire.is_int(settings.get("top_logprobs")),
-        slot=slot if wire.is_int(slot) else None,
-        session=chain if isinstance(chain, str) else None,
-    )
 
 
 __all__ = ["ROOT", "TokenDialect", "TokenPrompt", "TokenSetup", "TokenStream", "fingerprint"]

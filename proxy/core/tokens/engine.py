@@ -14,6 +14,7 @@ vLLM's and SGLang's are in `vllm.py` and `sglang.py`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -263,6 +264,34 @@ class LlamaCppEngine:
         return LlamaCppStream()
 
 
+def sampling_of(
+    settings: Mapping[str, Any], extra: Mapping[str, Any], model: str | None
+) -> Sampling:
+    """A turn's sampling settings from the request's `settings` and wsmode's `extra` fields
+    (`id_slot`, `prompt_cache_key`); `model` is the server's served name."""
+
+    def number(key: str) -> float | None:
+        v = settings.get(key)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    limit = settings.get("max_output_tokens")
+    seed = settings.get("seed")
+    include = settings.get("include")
+    slot = extra.get("id_slot")
+    chain = extra.get("prompt_cache_key")
+    return Sampling(
+        model=model,  # the served name: a client's may be any
+        max_tokens=limit if wire.is_int(limit) else None,
+        temperature=number("temperature"),
+        top_p=number("top_p"),
+        seed=seed if wire.is_int(seed) else None,
+        logprobs=(isinstance(include, list) and "message.output_text.logprobs" in include)
+        or wire.is_int(settings.get("top_logprobs")),
+        slot=slot if wire.is_int(slot) else None,
+        session=chain if isinstance(chain, str) else None,
+    )
+
+
 __all__ = [
     "EngineStream",
     "EngineUsage",
@@ -275,4 +304,5 @@ __all__ = [
     "json_object",
     "protocol_error",
     "reported_error",
+    "sampling_of",
 ]

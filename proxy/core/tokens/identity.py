@@ -14,11 +14,14 @@ two fingerprints can be compared part by part and a mismatch can say which part 
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from .. import wire
+
+log = logging.getLogger("wsmode.tokens")
 
 PARTS: Final = ("engine", "model", "template", "tools", "served_model", "vocabulary", "tokenizer")
 _ENGINE, _MODEL, _TEMPLATE, _TOOLS, _SERVED, _VOCAB, _TOKENIZER = range(len(PARTS))
@@ -109,11 +112,21 @@ def out_of_vocab(ids: Sequence[int], vocab_size: int) -> int | None:
     return None
 
 
+def log_change(old: str, new: str) -> None:
+    """Say which parts of the fingerprint changed, since the metric says only that one did."""
+    log.info(
+        "token path: the parent's ids are not reused, its fingerprint differs in %s; the "
+        "conversation is tokenised afresh",
+        ", ".join(changed_parts(old, new)),
+    )
+
+
 __all__ = [
     "PARTS",
     "ServerIdentity",
     "changed_parts",
     "fingerprint",
+    "log_change",
     "out_of_vocab",
     "tokenizer_digest",
     "tools_digest",
