@@ -223,7 +223,10 @@ def create_sidecar_app(settings: Settings) -> web.Application:
     state.console, open_paths = console.install(
         app, settings, auth is not None, lambda: _status(state)
     )
-    app.middlewares.append(guard(auth, metrics, sc.api_key, open_paths, state.console))
+    metrics_auth = Authenticator.for_metrics(settings.auth, auth)
+    app.middlewares.append(
+        guard(auth, metrics, sc.api_key, open_paths, state.console, metrics_auth)
+    )
     if settings.server.metrics:
         app.router.add_get("/metrics", metrics_route(metrics))
     app.router.add_get("/healthz", _healthz)

@@ -261,8 +261,13 @@ Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 async def scrape(proxy: Proxy) -> Metrics:
-    """Every sample on /metrics, keyed by (name, sorted labels)."""
-    async with aiohttp.ClientSession() as http, http.get(f"{proxy.served.base}/metrics") as r:
+    """Every sample on /metrics, keyed by (name, sorted labels); with a key when the proxy
+    has one (a metrics key, else a proxy key)."""
+    auth = proxy.state.core.settings.auth
+    keys = (*auth.metrics_api_keys, *auth.api_keys)
+    headers = {"Authorization": f"Bearer {keys[0]}"} if keys else {}
+    url = f"{proxy.served.base}/metrics"
+    async with aiohttp.ClientSession() as http, http.get(url, headers=headers) as r:
         assert r.status == 200
         assert r.headers["Content-Type"].startswith("text/plain")
         text = await r.text()
