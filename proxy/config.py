@@ -190,6 +190,9 @@ class AuthSettings:
     # Proxy API keys clients must present as `Authorization: Bearer KEY`; none: no auth.
     api_keys: tuple[str, ...] = field(default=(), metadata=SECRET)
     api_key_hashes_file: str = ""  # lines of sha256 hex digests of accepted keys
+    # keys accepted on /metrics only (a scraper's, which cannot call the model). /metrics
+    # needs a key when these or the proxy keys above are set; neither: it is open
+    metrics_api_keys: tuple[str, ...] = field(default=(), metadata=SECRET)
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,7 +63,7 @@ class Admission:
         """The create as a request, once every check passed; raises ClientError. `queued`:
         the creates already waiting; `socket`: a WebSocket message (over HTTP there are no
         lanes)."""
-        req = parse_create(body, socket=socket)
+        req = parse_create(body, socket=socket, nbytes=nbytes)
         if self.check is not None and not req.plain:
             self.check(req)
         if queued >= self.limits.max_queued_per_connection:

@@ -13,6 +13,9 @@ ancestry, and the item and byte totals are kept on each link). Bytes are account
 distinct link held (a link is held by the entries ending at it and by the held links after
 it), so a 30-turn chain with every turn cached costs the history once, not thirty times,
 and evicting an entry whose links live on in its descendants frees nothing until they go.
+What is charged is what is held (proxy/core/memory.py `Overheads`): an entry's objects and
+its settings (`held`), each link's objects, each item's bytes object, beside the items'
+bytes. A cache and the response store that share links each charge them.
 
 Bounds: entries and bytes per connection (`ResponseCache`) and process-wide
 (`CacheBudget`), least recently used evicted first. Entries that a queued request refers to
@@ -35,7 +38,7 @@ existed), and a conversation that took in a compaction item the proxy cannot ope
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import field
 from typing import Any
 
@@ -43,7 +46,7 @@ from immutables import Map
 from lru import LRU
 
 from . import wire
-from .memory import MemoryBudget
+from .memory import HELD, MemoryBudget, Overheads
 from .records import record
 from .tokens.chain import TokenTurn
 
@@ -120,16 +123,18 @@ class Link:
     """One step of a history: `segment` after the links before it (`up`), with the item and
     byte totals of the history up to and including it. Immutable by convention."""
 
-    __slots__ = ("count", "segment", "total", "up")
+    __slots__ = ("count", "depth", "segment", "total", "up")
 
     def __init__(self, segment: Segment, up: Link | None) -> None:
         self.segment: Segment = segment
         self.up: Link | None = up
         self.count: int = len(segment.items)
         self.total: int = segment.nbytes
+        self.depth: int = 1  # links up to and including this one
         if up is not None:
             self.count += up.count
             self.total += up.total
+            self.depth += up.depth
 
     def segments(self) -> list[Segment]:
         """The history's segments, oldest first (a walk of every link: O(links))."""
@@ -160,7 +165,7 @@ class CachedResponse:
     opaque: bool = False  # holds a compaction item the index cannot see into
     # new text no moderation has seen (a `generate: false` turn's): the next turn that goes
     # to the model has it moderated with its own (core/guards.py)
-    unmoderated: tuple[str, ...] = ()
+    unmoderated: Collection[str] = ()
     # the upstream replica that served this response (upstream/pool.py), and the id of its
     # chain's first response: where the chain's next turn goes, and the session key upstream
     replica: str | None = None
@@ -175,6 +180,9 @@ class CachedResponse:
     # its nearest ancestor that did): a stored response continuing it is deleted with that
     # one (core/store.py "Deleting"); None when none did
     stored_tip: str | None = None
+    # bytes its own objects hold beside its links and its entry's fixed objects: its settings
+    # (estimated from their JSON), its unseen text; in the store, its response object too
+    held: int = 0
 
     def items(self) -> list[bytes]:
         """Every item of the conversation, oldest first: a new list, extended a segment at a
@@ -214,11 +222,12 @@ class CachedResponse:
         compacted: bool = False,
         opaque: bool = False,
         seen: Iterable[bytes] | None = None,
-        unmoderated: tuple[str, ...] = (),
+        unmoderated: Collection[str] = (),
         replica: str | None = None,
         chain: str | None = None,
         tokens: TokenTurn | None = None,
         stored: bool = False,
+        held: int = 0,
     ) -> CachedResponse:
         """The conversation continued by `added`. `compacted`: `added` starts with what a
         compaction left of the history, so the parent's segments go, its index stays.
@@ -226,7 +235,8 @@ class CachedResponse:
         `unmoderated`: the text of `added` that no moderation saw (a warmup's).
         `replica`, `chain`: where the response was served and its chain's key (routing.py);
         a response no replica served (a warmup) stays where its parent was.
-        `stored`: it goes to the response store (its `stored_tip` is then itself)."""
+        `stored`: it goes to the response store (its `stored_tip` is then itself). `held`:
+        what its own objects hold (its `held` field)."""
         history = Link(added, None if compacted else self.history)
         calls = index_calls(self.calls, added.items if seen is None else seen)
         return CachedResponse(
@@ -242,6 +252,7 @@ class CachedResponse:
             self.compactions or compacted or opaque or holds_compaction(added.items),
             tokens,
             response_id if stored else self.stored_tip,
+            held,
         )
 
 
@@ -256,14 +267,20 @@ EMPTY = CachedResponse("", None, None)
 
 class CacheBudget:
     """Process-wide entry and byte bounds across every connection's cache, with one LRU order;
-    with a `MemoryBudget`, also the room the process budget leaves (proxy/core/memory.py)."""
+    with a `MemoryBudget`, also the room the process budget leaves (proxy/core/memory.py).
+    `costs`: what each entry, link and item is charged beside its items' bytes."""
 
     def __init__(
-        self, max_entries: int, max_bytes: int, memory: MemoryBudget | None = None
+        self,
+        max_entries: int,
+        max_bytes: int,
+        memory: MemoryBudget | None = None,
+        costs: Overheads = HELD,
     ) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.memory = memory
+        self.costs = costs
         self.entries = 0
         self.nbytes = 0
         self.evictions = 0
@@ -285,6 +302,18 @@ class CacheBudget:
         if nbytes > self.max_bytes:
             return False
         return self.memory is None or nbytes <= self.memory.room_beside(self)
+
+    def cost(self, entry: CachedResponse) -> int:
+        """What `entry` is charged when nothing else holds any of its links."""
+        c, history = self.costs, entry.history
+        own = c.entry + entry.held + entry.nbytes
+        if history is None:
+            return own
+        return own + c.link * history.depth + c.item * history.count
+
+    def link_cost(self, link: Link) -> int:
+        """What one link is charged: its items' bytes and its objects."""
+        return link.segment.nbytes + self.costs.link + self.costs.item * len(link.segment.items)
 
     def enforce(self) -> None:
         while self.over() and len(self._order):
@@ -344,9 +373,10 @@ class ResponseCache:
     def put(self, entry: CachedResponse) -> bool:
         """Cache `entry` as the most recently used. False, with nothing changed, if it cannot
         fit alone or beside this connection's pinned entries."""
+        cost = self.budget.cost(entry)
         if (
-            entry.nbytes > self.max_bytes
-            or not self.budget.could_hold(entry.nbytes)
+            cost > self.max_bytes
+            or not self.budget.could_hold(cost)
             or min(self.max_entries, self.budget.max_entries) < 1
         ):
             return False  # it could never fit: refuse before evicting anything for it
@@ -355,7 +385,7 @@ class ResponseCache:
         if entry.id in self._entries:
             self.evict(entry.id)
         self._entries[entry.id] = entry
-        added = self._hold(entry.history)
+        added = self._hold(entry.history) + self.budget.costs.entry + entry.held
         self.nbytes += added
         self.budget.nbytes += added
         self.budget.entries += 1
@@ -380,37 +410,37 @@ class ResponseCache:
         pinned = [self._entries[rid] for rid in self._pins if rid != entry.id]
         if len(pinned) + 1 > self.max_entries:
             return False
-        tips = [e.history for e in (*pinned, entry) if e.history is not None]
-        if sum(t.total for t in tips) <= self.max_bytes:
+        entries = (*pinned, entry)
+        if sum(self.budget.cost(e) for e in entries) <= self.max_bytes:
             return True  # fits even if nothing were shared: no walk
+        held = sum(self.budget.costs.entry + e.held for e in entries)
         seen: set[Link] = set()
-        held = 0
-        for tip in tips:  # the distinct links of all these histories: each walked once
-            at: Link | None = tip
+        for e in entries:  # the distinct links of all these histories: each walked once
+            at: Link | None = e.history
             while at is not None and at not in seen:
                 seen.add(at)
-                held += at.segment.nbytes
+                held += self.budget.link_cost(at)
                 at = at.up
         return held <= self.max_bytes
 
     def _hold(self, link: Link | None) -> int:
         """One more reference to `link`; the bytes newly held. A link held for the first
         time holds the one before it, so this walks only the links new to this cache."""
-        refs = self._refs
+        refs, cost = self._refs, self.budget.link_cost
         added = 0
         while link is not None:
             n = refs.get(link, 0)
             refs[link] = n + 1
             if n:
                 break
-            added += link.segment.nbytes
+            added += cost(link)
             link = link.up
         return added
 
     def _release(self, link: Link | None) -> int:
         """One reference fewer to `link`; the bytes no longer held (a link no entry and no
         later link holds lets go of the one before it)."""
-        refs = self._refs
+        refs, cost = self._refs, self.budget.link_cost
         freed = 0
         while link is not None:
             n = refs[link] - 1
@@ -418,7 +448,7 @@ class ResponseCache:
                 refs[link] = n
                 break
             del refs[link]
-            freed += link.segment.nbytes
+            freed += cost(link)
             link = link.up
         return freed
 
@@ -429,7 +459,7 @@ class ResponseCache:
         self._pins.pop(rid, None)
         self._order.pop(rid, None)
         self.budget._forget(self, rid)
-        freed = self._release(entry.history)
+        freed = self._release(entry.history) + self.budget.costs.entry + entry.held
         self.nbytes -= freed
         self.budget.nbytes -= freed
         self.budget.entries -= 1

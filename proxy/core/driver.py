@@ -55,7 +55,7 @@ from .errors import (
     stored_response_unavailable,
 )
 from .events import StoredLoaded, StoredSaved
-from .guards import Guards
+from .guards import Guards, Unseen
 from .plan import Planner
 from .policy import UpstreamPolicy
 from .recorder import Recorder
@@ -194,7 +194,7 @@ class RunDriver:
         if self.guards is not None:
             refusal, run.moderation = self.guards.run(run.req.input_items)
             if refusal is None and parent.unmoderated and self.guards.moderation:
-                run.moderation = (*parent.unmoderated, *(run.moderation or ()))
+                run.moderation = Unseen(run.moderation or (), parent.unmoderated)
             return refusal
         return None
 
@@ -414,7 +414,7 @@ class RunDriver:
         rid, items = stream.response_id, stream.finished_items()
         resp = steered_response(stream.response, items)
         ev = lifecycle_event("response.incomplete", resp, run.next_seq())
-        save = self.recorder.remember(run, rid, [wire.dumps(i) for i in items], resp, self._queue)
+        save = self.recorder.remember(run, rid, wire.all_kept(items), resp, self._queue)
         steers, run.steers = run.steers, []
 
         def rest() -> list[Action]:

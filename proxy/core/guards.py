@@ -13,7 +13,9 @@ Built in (configured in `[guards]`, put together by proxy/build.py):
 - `DenyPatterns`: a regular expression is found in the new text -> `invalid_prompt`;
 - moderation: with `moderation = True` the session hands the new text to the runner on the
   `StartUpstream` action, and the runner (proxy/upstream/moderation.py, which does the HTTP)
-  asks a `/v1/moderations` endpoint before it sends the model request.
+  asks a `/v1/moderations` endpoint before it sends the model request. The text of a
+  `generate: false` turn went to no model, so no moderation saw it: its cached response keeps
+  it (`Unseen`, shared along the chain) for the next turn that goes to the model.
 
 "The new text" is what a person or a tool wrote: the text of message contents and of tool
 call outputs. Items are parsed here only when a guard needs the text.
@@ -22,7 +24,7 @@ call outputs. Items are parsed here only when a guard needs the text.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -123,3 +125,32 @@ class Guards:
             if refusal is not None:
                 return refusal, None
         return None, (turn.texts or None) if self.moderation else None
+
+
+class Unseen(Collection[str]):
+    """Text no moderation has seen: a turn's own (`own`) after what its parent left unseen
+    (`up`), shared as the history's links are, never copied. Iterating gives all of it,
+    oldest first (a walk: O(texts)); its length is kept."""
+
+    __slots__ = ("count", "own", "up")
+
+    def __init__(self, own: tuple[str, ...], up: Collection[str]) -> None:
+        self.own = own
+        self.up = up
+        self.count = len(own) + len(up)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[str]:
+        parts: list[Collection[str]] = []
+        at: Collection[str] = self
+        while isinstance(at, Unseen):
+            parts.append(at.own)
+            at = at.up
+        parts.append(at)
+        for part in reversed(parts):
+            yield from part
+
+    def __contains__(self, text: object) -> bool:
+        return any(t == text for t in self)

@@ -15,11 +15,36 @@ entries until it fits (or the put is refused, as for its own bound). Queued crea
 dropped once accepted, so a create is refused instead (429 `too_many_queued_requests`) when
 queued and outbound bytes with it would exceed the budget. Outbound bytes are bounded per
 connection by backpressure; they are counted, so the other parts make room for them.
+
+What a cached or stored response is charged is what it holds (`Overheads`, docs/memory.md
+"What an entry costs"): its items' bytes, and the Python objects around them, at sizes
+measured with tracemalloc (tests/support/held_costs.py measures them again; a unit test
+holds these figures to that measurement).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Overheads:
+    """Bytes charged for a cached response's objects, beyond its items' own bytes."""
+
+    entry: int  # a response: its objects, its settings' dict, its places in the indexes
+    link: int  # a link of its history (held once, however many responses share it)
+    item: int  # an item: its bytes object's header and its slot in the link's tuple
+    stored: int  # in the response store, a record beside the entry: key, expiry, metadata
+
+
+# measured on CPython 3.11 (docs/memory.md "What an entry costs")
+HELD = Overheads(entry=640, link=320, item=48, stored=440)
+# items' bytes only: for tests of the accounting's mechanics
+ITEMS_ONLY = Overheads(entry=0, link=0, item=0, stored=0)
+# bytes of Python objects per byte of a request's settings as JSON (instructions, tools):
+# a long string holds about its length, a tools list about 4 times it (measured)
+SETTINGS_FACTOR = 2
 
 
 class HoldsBytes(Protocol):

@@ -106,6 +106,7 @@ class Planner:
         if policy.llamacpp_slots:
             extra["id_slot"] = slot_of(chain, policy.llamacpp_slots)
         route = Route(run.parent.replica if run.parent else None, chain)
+        moderate = tuple(run.moderation) if run.moderation is not None else None
         if isinstance(dialect, TokenDialect) and run.tokens is not None:
             # a compaction starts a new token chain; anything else continues the parent's
             compacted = run.context is not None and run.context.compaction is not None
@@ -114,10 +115,10 @@ class Planner:
             prompt, run.tokens.fingerprint = dialect.prompt(settings, items, origin, extra, new)
             run.tokens.prompt = prompt
             path = ROOT + prompt.engine.generate_path
-            start = StartUpstream(run.id, [], path, run.moderation, route, tokens=prompt)
+            start = StartUpstream(run.id, [], path, moderate, route, tokens=prompt)
         else:
             body = dialect.body(settings, extra, items)
-            start = StartUpstream(run.id, body, dialect.path, run.moderation, route)
+            start = StartUpstream(run.id, body, dialect.path, moderate, route)
         run.moderation = None  # once: not again after a native fallback or auto's switch
         return start
 

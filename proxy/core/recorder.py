@@ -24,6 +24,8 @@ from .context.compaction import compaction_of
 from .context.manager import ContextManager
 from .context.trigger import CompactionStream
 from .conversation import EMPTY, NO_CALLS, ResponseCache, Segment, holds_compaction, index_calls
+from .guards import Unseen
+from .memory import SETTINGS_FACTOR
 from .runs import Run
 from .store import StoredResponse
 from .tokens.chain import NO_IDS_YET, TokenTurn
@@ -85,6 +87,7 @@ class Recorder:
             # a warmup adds input only: the next turn tokenises it after the parent's ids
             tokens=run.tokens.turn() if run.tokens is not None else self._warmup_tokens(run),
             stored=bool(run.req.store) and self.stores,
+            held=_held(run),
         )
         self.cache.put(entry)
         for queued in queue:  # a create that waited for this response: pin it too
@@ -94,7 +97,7 @@ class Recorder:
             return None
         stored = StoredResponse(
             entry,
-            wire.dumps(response),
+            wire.dumps_kept(response),
             entry.item_count - len(output),
             # deleting the stored response it continues deletes it too (its history holds it)
             continues=parent.stored_tip,
@@ -147,6 +150,15 @@ class Recorder:
         if self.context is None:
             return items, True
         return self.context.expanded(items, self.owner), False
+
+
+def _held(run: Run) -> int:
+    """What a response's own objects hold beside its links (`CachedResponse.held`): its
+    settings, estimated from their JSON, and the text it leaves unmoderated (its own: the
+    rest is its parent's)."""
+    unseen = run.moderation
+    own = unseen.own if isinstance(unseen, Unseen) else (unseen or ())
+    return SETTINGS_FACTOR * run.req.settings_bytes + sum(len(text) for text in own)
 
 
 __all__ = ["PROXY_MADE", "Recorder"]

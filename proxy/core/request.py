@@ -73,6 +73,9 @@ class CreateRequest:
     # input item that could be a compaction item or trigger (a byte scan, so an item that
     # only mentions the word is not plain either: the context manager then looks closer)
     plain: bool = False
+    # bytes of its message beyond its new input: about what its settings are as JSON, for
+    # what their objects are charged while a response made by it is cached
+    settings_bytes: int = 0
 
 
 def check_stream_id(value: object) -> str | None:
@@ -119,9 +122,10 @@ def kept_items(items: list[Any]) -> tuple[bytes, ...]:
         raise too_deep("input") from None
 
 
-def parse_create(body: dict[str, Any], *, socket: bool = True) -> CreateRequest:
+def parse_create(body: dict[str, Any], *, socket: bool = True, nbytes: int = 0) -> CreateRequest:
     """Validate a `response.create` message (`socket`), or the body of a plain HTTP
-    `POST /v1/responses`, where `stream_id` means nothing and is ignored."""
+    `POST /v1/responses`, where `stream_id` means nothing and is ignored. `nbytes`: the
+    size of the message."""
     for name, (types, expected) in _TYPES.items():
         if name in body and not isinstance(body[name], types):
             raise wrong_type(name, expected)
@@ -170,6 +174,7 @@ def parse_create(body: dict[str, Any], *, socket: bool = True) -> CreateRequest:
             and "truncation" not in body
             and not any(_COMPACTION in item for item in items)
         ),
+        settings_bytes=max(0, nbytes - sum(len(item) for item in items)),
     )
 
 

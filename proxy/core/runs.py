@@ -38,7 +38,7 @@ A run also holds what reads its upstream events: the SSE decoder its raw chunks 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -130,7 +130,7 @@ class Run:
     tokens: TokenStream | None = None  # the token path's stream (also `stream`, or inside it)
     steers: list[Steer] = field(default_factory=list)  # accepted, not yet applied
     applies: list[Steer] = field(default_factory=list)  # steers whose input this run carries
-    moderation: tuple[str, ...] | None = None  # new text the runner moderates (core/guards.py)
+    moderation: Collection[str] | None = None  # new text the runner moderates (core/guards.py)
     seq_offset: int = 0  # events the proxy inserted into this response's stream
     context: Prepared | None = None  # the prepared upstream input (ContextManager)
     response_id: str | None = None  # the upstream's id for it, once seen and found unused

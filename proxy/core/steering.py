@@ -196,7 +196,8 @@ class Steering:
         body.pop("generate", None)
         req = parse_create(body)
         items = tuple(item for steer in steers for item in steer.request.items)
-        successor = Run(self.next_run_id(), replace(req, input_items=items), applies=list(steers))
+        kept = replace(req, input_items=items, settings_bytes=run.req.settings_bytes)
+        successor = Run(self.next_run_id(), kept, applies=list(steers))
         if self.cache.pin(rid):
             successor.pinned = rid
         return successor

@@ -9,7 +9,8 @@ and for `GET`/`DELETE /v1/responses/{id}`. `store: false` responses never enter 
 Entries are scoped to the credential that created them (a hash of its Authorization
 header): another credential gets `previous_response_not_found`, exactly as if the id did
 not exist. The store is bounded in entries and bytes (least recently used first, with the
-same shared-segment accounting as the connection cache) and entries expire after a TTL.
+same shared-segment accounting as the connection cache, each entry charged its record and
+its response object besides) and entries expire after a TTL.
 A put and an expiry cost O(1) amortised at any size: the cache tells the store each key it
 lets go (`on_evict`), so nothing is ever scanned.
 
@@ -40,7 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from .conversation import CacheBudget, CachedResponse, ResponseCache
-from .memory import MemoryBudget
+from .memory import HELD, MemoryBudget, Overheads
 from .tokens.chain import TokenTurn
 
 
@@ -128,8 +129,9 @@ class MemoryStore:
         ttl_seconds: float,
         clock: Callable[[], float],
         memory: MemoryBudget | None = None,  # the process budget; the store is its "store" part
+        costs: Overheads = HELD,  # what each entry is charged beside its items' bytes
     ) -> None:
-        budget = CacheBudget(max_entries, max_bytes, memory)
+        budget = CacheBudget(max_entries, max_bytes, memory, costs)
         if memory is not None:
             memory.add_part("store", budget)
         self._cache = ResponseCache(budget, max_entries, max_bytes)
@@ -175,7 +177,9 @@ class MemoryStore:
         if up in self._meta:  # before the put: if the put evicts `up`, `key` moves up with it
             self._up[key] = up
             self._kids.setdefault(up, set()).add(key)
-        keyed = replace(stored.entry, id=key)  # its call index and all
+        # its call index and all; charged its record and its response object too
+        held = stored.entry.held + self._cache.budget.costs.stored + len(stored.response)
+        keyed = replace(stored.entry, id=key, held=held)
         if not self._cache.put(keyed):
             self._forget(key)
             return WriteResult.DROPPED

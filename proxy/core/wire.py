@@ -7,7 +7,7 @@ the standard library on the large `response.completed` objects and request bodie
 from __future__ import annotations
 
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeGuard
 
 import orjson
@@ -35,6 +35,11 @@ def dumps_kept(obj: Any) -> bytes:
     into a bytes object of their own length.
     """
     return bytes(memoryview(orjson.dumps(obj)))
+
+
+def all_kept(objs: Iterable[Any]) -> list[bytes]:
+    """`dumps_kept` of each of `objs`."""
+    return [bytes(memoryview(orjson.dumps(obj))) for obj in objs]
 
 
 # The deepest nesting of arrays and objects the proxy accepts in a client message or in an

@@ -1,9 +1,11 @@
 """Proxy API keys: who may use this proxy at all (separate from the upstream's credential).
 
 Keys come from `auth.api_keys` and from a file of their SHA-256 hex digests
-(`auth.api_key_hashes_file`), so a deployment need not hold plaintext keys. A presented key is
-hashed and compared with every accepted digest using `hmac.compare_digest`, without stopping
-at the first match, so the time taken says nothing about which digest was closest.
+(`auth.api_key_hashes_file`), so a deployment need not hold plaintext keys. `/metrics` takes
+those and `auth.metrics_api_keys` too, keys that open nothing else (`for_metrics`). A
+presented key is hashed and compared with every accepted digest using `hmac.compare_digest`,
+without stopping at the first match, so the time taken says nothing about which digest was
+closest.
 """
 
 from __future__ import annotations
@@ -71,6 +73,17 @@ class Authenticator:
         if not digests and not settings.api_key_hashes_file:
             return None
         return cls(digests)
+
+    @classmethod
+    def for_metrics(
+        cls, settings: AuthSettings, proxy: Authenticator | None
+    ) -> Authenticator | None:
+        """Who may read /metrics: the holder of a proxy key (`proxy`) or of one of
+        `auth.metrics_api_keys`. None, /metrics open, when neither is configured."""
+        extra = [digest(k) for k in settings.metrics_api_keys]
+        if proxy is None and not extra:
+            return None
+        return cls([*(proxy._digests if proxy is not None else ()), *extra])
 
     def __len__(self) -> int:
         return len(self._digests)

@@ -22,7 +22,9 @@ and future:
 8. with the console on, each error answer (400 and up) goes to its feed with its code.
 
 `Ops.open_paths` are served without proxy auth like /healthz (the console's page and its
-script: they hold no data; the console's feed stays behind auth).
+script: they hold no data; the console's feed stays behind auth). /metrics is served while
+draining too, and needs a key as soon as any is configured: a proxy key or one of
+`auth.metrics_api_keys` (`Ops.metrics_auth`), so no balancer rule is what keeps it private.
 """
 
 from __future__ import annotations
@@ -54,10 +56,12 @@ from .usage import UsageSink
 log = logging.getLogger("wsmode.ops")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
-# Served without the proxy's key, and only at their own spelling: a percent-encoded or
-# dotted variant (`/%6detrics`, `/metric%73`) gets 404, so a balancer rule that hides the
-# plain path (deploy/haproxy `path /metrics`) hides every path that reaches the route.
+# Served without the proxy's key (/metrics: with a metrics key, `Ops.metrics_auth`), and
+# only at their own spelling: a percent-encoded or dotted variant (`/%6detrics`,
+# `/metric%73`) gets 404, so whatever a balancer does with the plain path holds for every
+# path that reaches the route.
 _OPEN_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
+METRICS = "/metrics"
 
 
 # nginx's "client closed request": the status label of a request whose client left first
@@ -96,6 +100,7 @@ class Ops:
     metrics: Metrics
     auth: Authenticator | None
     usage: UsageSink | None
+    metrics_auth: Authenticator | None = None  # who may read /metrics; None: anyone
     draining: bool = False
     ws_open: int = 0
     http_inflight: int = 0
@@ -236,6 +241,10 @@ async def _guarded(
                 "not_found",
                 "invalid_request_error",
             )
+        if request.path == METRICS and ops.metrics_auth is not None:
+            refused = _key_refused(request, ops.metrics_auth, ops, route, upgrade)
+            if refused is not None:
+                return refused
         return await handler(request)
     if ops.draining:
         if upgrade:
@@ -245,33 +254,9 @@ async def _guarded(
         )
         refused.headers["Connection"] = "close"
         return refused
-    if credentials(request.headers) > 1:
-        if upgrade:
-            m.connections_rejected.labels("auth").inc()
-        return _error(
-            400,
-            "The request has more than one Authorization header; send exactly one.",
-            "invalid_request_error",
-            "invalid_request_error",
-        )
-    if ops.auth is not None and not ops.auth.check(request.headers.get("Authorization")):
-        if upgrade:
-            m.connections_rejected.labels("auth").inc()
-        # never the key; a client retrying in a loop is held to server.log_repeat_limit
-        log.warning(
-            "refused %s %s from %s: missing or incorrect proxy API key",
-            request.method,
-            route,
-            request.remote,
-        )
-        denied = _error(
-            401,
-            "Missing or incorrect API key for this proxy. Send 'Authorization: Bearer KEY'.",
-            "invalid_api_key",
-            "invalid_request_error",
-        )
-        denied.headers["WWW-Authenticate"] = 'Bearer realm="wsmode"'
-        return denied
+    refused = _key_refused(request, ops.auth, ops, route, upgrade)
+    if refused is not None:
+        return refused
     limit = ops.settings.server.max_connections
     if upgrade and limit and ops.ws_open >= limit:
         m.connections_rejected.labels("limit").inc()
@@ -307,6 +292,42 @@ async def _guarded(
     if isinstance(resp, web.WebSocketResponse):
         m.connections.labels(close_class(request.get(CLOSE_CODE, resp.close_code))).inc()
     return resp
+
+
+def _key_refused(
+    request: web.Request, auth: Authenticator | None, ops: Ops, route: str, upgrade: bool
+) -> web.Response | None:
+    """400 for more than one `Authorization` header (auth on or off), 401 for a key `auth`
+    does not accept; None: the request may go on."""
+    m = ops.metrics
+    if credentials(request.headers) > 1:
+        if upgrade:
+            m.connections_rejected.labels("auth").inc()
+        return _error(
+            400,
+            "The request has more than one Authorization header; send exactly one.",
+            "invalid_request_error",
+            "invalid_request_error",
+        )
+    if auth is None or auth.check(request.headers.get("Authorization")):
+        return None
+    if upgrade:
+        m.connections_rejected.labels("auth").inc()
+    # never the key; a client retrying in a loop is held to server.log_repeat_limit
+    log.warning(
+        "refused %s %s from %s: missing or incorrect proxy API key",
+        request.method,
+        route,
+        request.remote,
+    )
+    denied = _error(
+        401,
+        "Missing or incorrect API key for this proxy. Send 'Authorization: Bearer KEY'.",
+        "invalid_api_key",
+        "invalid_request_error",
+    )
+    denied.headers["WWW-Authenticate"] = 'Bearer realm="wsmode"'
+    return denied
 
 
 async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
@@ -350,13 +371,14 @@ def install(
     response caches' `budget` and the upstream `pool`. Raises ConfigError on bad auth."""
     metrics = Metrics()
     usage = UsageSink(settings.usage, metrics) if UsageSink.enabled(settings.usage) else None
-    ops = Ops(settings, metrics, Authenticator.from_settings(settings.auth), usage)
+    auth = Authenticator.from_settings(settings.auth)
+    ops = Ops(settings, metrics, auth, usage, Authenticator.for_metrics(settings.auth, auth))
     app[OPS] = ops
     metrics.add_state(lambda: _state_families(ops, budget, pool))
     app.middlewares.append(ops_middleware)
     app.on_response_prepare.append(_add_request_id)
     if settings.server.metrics:
-        app.router.add_get("/metrics", metrics_handler)
+        app.router.add_get(METRICS, metrics_handler)
     if usage is not None:
 
         async def usage_ctx(_: web.Application) -> Any:

@@ -251,7 +251,10 @@ def create_sidecar_app(settings: Settings) -> web.Application:
     state.console, open_paths = console.install(
         app, settings, auth is not None, lambda: _status(state)
     )
-    app.middlewares.append(guard(auth, metrics, sc.api_key, open_paths, state.console))
+    metrics_auth = Authenticator.for_metrics(settings.auth, auth)
+    app.middlewares.append(
+        guard(auth, metrics, sc.api_key, open_paths, state.console, metrics_auth)
+    )
     # traces of its turns, when on (docs/telemetry.md "The sidecar")
     install_tracing(app, settings.telemetry, service="wsmode-sidecar")
     if settings.server.metrics:

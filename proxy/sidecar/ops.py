@@ -8,7 +8,8 @@ set, is sent to the remote server in its place (on the upgrade and on plain HTTP
 
 `/metrics` (`server.metrics`): requests by route, method and status, and, read when scraped,
 the responses by how they went (a WebSocket continuation, a full request on a WebSocket, plain
-HTTP), the retries, the pooled upstream WebSockets and the chains remembered.
+HTTP), the retries, the pooled upstream WebSockets and the chains remembered. It needs a key
+as the proxy's does: a proxy key or one of `auth.metrics_api_keys`, once either is set.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from ..ops.metrics import CONTENT_TYPE
 
 log = logging.getLogger("wsmode.sidecar")
 
-_OPEN_ROUTES = frozenset({"/healthz", "/metrics"})
+METRICS = "/metrics"
+_OPEN_ROUTES = frozenset({"/healthz", METRICS})
 
 
 class _Scraped(Collector):
@@ -114,11 +116,13 @@ def guard(
     upstream_key: str,
     open_paths: Iterable[str] = (),
     console: ConsoleFeed | None = None,
+    metrics_auth: Authenticator | None = None,
 ) -> Middleware:
     """The middleware: counts every request, and checks proxy auth on all but the open
     routes (and `open_paths`: the console's page and its files), handing the request on
-    with the upstream's credential in place of the key. With the console on, every answer
-    of 400 or more is one of its recent errors."""
+    with the upstream's credential in place of the key; /metrics takes the keys of
+    `metrics_auth` (None: open). With the console on, every answer of 400 or more is one of
+    its recent errors."""
     open_routes = _OPEN_ROUTES | frozenset(open_paths)
 
     @web.middleware
@@ -129,7 +133,8 @@ def guard(
         try:
             open_route = request.path in open_routes
             presented = request.headers.get("Authorization")
-            if auth is not None and not open_route and not auth.check(presented):
+            checked = metrics_auth if request.path == METRICS else None if open_route else auth
+            if checked is not None and not checked.check(presented):
                 status = 401
                 log.warning(
                     "refused %s %s from %s: missing or incorrect proxy API key",

@@ -150,9 +150,11 @@ async def test_proxy_auth_on_upgrade_and_http(
     # the client's credential is forwarded when no upstream key is configured
     assert last_upstream(sim, "Authorization") == f"Bearer {hashed}"
     async with aiohttp.ClientSession() as http:
-        for path in ("/healthz", "/metrics"):  # open: for probes and scrapers
+        for path in ("/healthz", "/readyz"):  # open: for probes
             async with http.get(f"{proxy.served.base}{path}") as r:
                 assert r.status == 200
+        async with http.get(f"{proxy.served.base}/metrics") as r:  # a scraper sends a key
+            assert r.status == 401
         async with http.get(f"{proxy.http}/models") as r:  # passthrough is protected too
             assert r.status == 401
     m = await scrape(proxy)

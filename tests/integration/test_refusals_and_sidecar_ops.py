@@ -108,9 +108,13 @@ async def test_the_sidecar_serves_metrics(guarded_sidecar: Served) -> None:
     body = {"model": "sim", "input": "hi", "store": False}
     assert (await _post(guarded_sidecar.base, RIGHT, body))[0] == 200
     assert (await _post(guarded_sidecar.base, None, body))[0] == 401
-    async with aiohttp.ClientSession() as http, http.get(f"{guarded_sidecar.base}/metrics") as r:
-        assert r.status == 200  # open, as the proxy's /metrics is
-        text = await r.text()
+    url = f"{guarded_sidecar.base}/metrics"
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url) as r:
+            assert r.status == 401  # behind the key, as the proxy's /metrics is
+        async with http.get(url, headers={"Authorization": f"Bearer {RIGHT}"}) as r:
+            assert r.status == 200
+            text = await r.text()
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)

@@ -60,6 +60,7 @@ def probe_port(container: dict[str, Any], probe: str) -> int:
 SECRET_VALUES = {
     ("wsmode", "compaction-key"): base64.b64encode(bytes(range(32))).decode(),
     ("wsmode", "upstream-api-key"): "sk-model-server",
+    ("wsmode", "metrics-api-key"): "0123456789abcdef" * 2,
     ("wsmode-redis", "password"): "0123456789abcdef" * 4,
 }
 

@@ -267,9 +267,18 @@ Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 async def scrape(proxy: Proxy | str) -> Metrics:
     """Every sample on /metrics (of `proxy`, or of the server at the base URL `proxy`),
-    keyed by (name, sorted labels)."""
-    base = proxy if isinstance(proxy, str) else proxy.served.base
-    async with aiohttp.ClientSession() as http, http.get(f"{base}/metrics") as r:
+    keyed by (name, sorted labels); with a key when the proxy has one (a metrics key, else
+    a proxy key)."""
+    headers: dict[str, str] = {}
+    if isinstance(proxy, str):
+        base = proxy
+    else:
+        base = proxy.served.base
+        auth = proxy.state.core.settings.auth
+        keys = (*auth.metrics_api_keys, *auth.api_keys)
+        headers = {"Authorization": f"Bearer {keys[0]}"} if keys else {}
+    url = f"{base}/metrics"
+    async with aiohttp.ClientSession() as http, http.get(url, headers=headers) as r:
         assert r.status == 200
         assert r.headers["Content-Type"].startswith("text/plain")
         text = await r.text()

@@ -1,9 +1,13 @@
-"""The response cache (proxy/core/conversation.py): budgets, LRU order, shared segments, pins."""
+"""The response cache (proxy/core/conversation.py): budgets, LRU order, shared segments, pins.
+
+These count items' bytes only (`ITEMS_ONLY`): what each object is charged besides is
+tests/unit/test_held_costs.py's.
+"""
 
 from __future__ import annotations
 
 from wsmode.core.conversation import EMPTY, CacheBudget, CachedResponse, ResponseCache, Segment
-from wsmode.core.memory import MemoryBudget
+from wsmode.core.memory import ITEMS_ONLY, MemoryBudget
 
 HUGE = 1 << 40
 
@@ -20,7 +24,9 @@ def entry(rid: str, *sizes: int, lane: str | None = None) -> CachedResponse:
 def cache(
     max_entries: int = 1000, max_bytes: int = HUGE, budget: CacheBudget | None = None
 ) -> ResponseCache:
-    return ResponseCache(budget or CacheBudget(HUGE, HUGE), max_entries, max_bytes)
+    return ResponseCache(
+        budget or CacheBudget(HUGE, HUGE, costs=ITEMS_ONLY), max_entries, max_bytes
+    )
 
 
 # ------------------------------------------------------------------ values
@@ -59,7 +65,7 @@ def test_get_of_unknown_id_is_a_miss() -> None:
 
 
 def test_evict_removes_entry_and_bytes() -> None:
-    budget = CacheBudget(HUGE, HUGE)
+    budget = CacheBudget(HUGE, HUGE, costs=ITEMS_ONLY)
     c = cache(budget=budget)
     c.put(entry("a", 10))
     c.put(entry("b", 5))
@@ -70,7 +76,7 @@ def test_evict_removes_entry_and_bytes() -> None:
 
 
 def test_put_same_id_replaces_without_double_counting() -> None:
-    budget = CacheBudget(HUGE, HUGE)
+    budget = CacheBudget(HUGE, HUGE, costs=ITEMS_ONLY)
     c = cache(budget=budget)
     c.put(entry("a", 10))
     c.put(entry("a", 4))
@@ -131,7 +137,7 @@ def test_byte_bound_can_evict_several_entries() -> None:
 
 
 def test_entry_bigger_than_connection_budget_is_refused_and_cache_unchanged() -> None:
-    budget = CacheBudget(HUGE, HUGE)
+    budget = CacheBudget(HUGE, HUGE, costs=ITEMS_ONLY)
     c = cache(max_bytes=100, budget=budget)
     c.put(entry("a", 30))
     c.put(entry("b", 30))
@@ -151,7 +157,7 @@ def test_zero_entry_budget_refuses_everything() -> None:
 
 
 def test_chain_of_30_costs_distinct_bytes_once() -> None:
-    budget = CacheBudget(HUGE, HUGE)
+    budget = CacheBudget(HUGE, HUGE, costs=ITEMS_ONLY)
     c = cache(budget=budget)
     parent = EMPTY
     for turn in range(30):
@@ -170,7 +176,7 @@ def test_chain_of_30_costs_distinct_bytes_once() -> None:
 
 
 def test_evicting_a_shared_ancestor_keeps_its_bytes_while_children_hold_them() -> None:
-    budget = CacheBudget(HUGE, HUGE)
+    budget = CacheBudget(HUGE, HUGE, costs=ITEMS_ONLY)
     c = cache(budget=budget)
     a = entry("a", 50)
     b = a.child("b", None, seg(20), {})
@@ -206,7 +212,7 @@ def test_byte_bound_counts_shared_bytes_once() -> None:
 
 
 def test_budget_evicts_global_lru_across_two_connections() -> None:
-    budget = CacheBudget(max_entries=3, max_bytes=HUGE)
+    budget = CacheBudget(max_entries=3, max_bytes=HUGE, costs=ITEMS_ONLY)
     one, two = cache(budget=budget), cache(budget=budget)
     one.put(entry("a", 1))
     two.put(entry("b", 1))
@@ -218,7 +224,7 @@ def test_budget_evicts_global_lru_across_two_connections() -> None:
 
 
 def test_budget_evicts_from_the_other_connection_by_bytes() -> None:
-    budget = CacheBudget(max_entries=HUGE, max_bytes=100)
+    budget = CacheBudget(max_entries=HUGE, max_bytes=100, costs=ITEMS_ONLY)
     one, two = cache(budget=budget), cache(budget=budget)
     one.put(entry("a", 60))
     two.put(entry("b", 30))
@@ -228,7 +234,7 @@ def test_budget_evicts_from_the_other_connection_by_bytes() -> None:
 
 
 def test_budget_counts_every_connection() -> None:
-    budget = CacheBudget(HUGE, HUGE)
+    budget = CacheBudget(HUGE, HUGE, costs=ITEMS_ONLY)
     one, two = cache(budget=budget), cache(budget=budget)
     one.put(entry("a", 10))
     two.put(entry("a", 20))  # same id on another connection is another entry
@@ -250,7 +256,7 @@ def test_pinned_entry_is_never_evicted_by_connection_bound() -> None:
 
 
 def test_pinned_entry_is_never_evicted_by_process_budget() -> None:
-    budget = CacheBudget(max_entries=2, max_bytes=HUGE)
+    budget = CacheBudget(max_entries=2, max_bytes=HUGE, costs=ITEMS_ONLY)
     one, two = cache(budget=budget), cache(budget=budget)
     one.put(entry("a", 1))
     one.pin("a")
@@ -317,7 +323,7 @@ def test_pin_of_unknown_id_is_refused_and_unpin_is_harmless() -> None:
 
 
 def test_explicit_evict_removes_a_pinned_entry() -> None:
-    budget = CacheBudget(HUGE, HUGE)
+    budget = CacheBudget(HUGE, HUGE, costs=ITEMS_ONLY)
     c = cache(budget=budget)
     c.put(entry("a", 5))
     c.pin("a")
@@ -331,7 +337,7 @@ def test_explicit_evict_removes_a_pinned_entry() -> None:
 
 
 def test_clear_returns_budget_counters_to_zero() -> None:
-    budget = CacheBudget(HUGE, HUGE)
+    budget = CacheBudget(HUGE, HUGE, costs=ITEMS_ONLY)
     one, two = cache(budget=budget), cache(budget=budget)
     parent = EMPTY
     for turn in range(5):
@@ -347,7 +353,7 @@ def test_clear_returns_budget_counters_to_zero() -> None:
 
 
 def test_budget_after_clear_does_not_evict_from_a_cleared_cache() -> None:
-    budget = CacheBudget(max_entries=1, max_bytes=HUGE)
+    budget = CacheBudget(max_entries=1, max_bytes=HUGE, costs=ITEMS_ONLY)
     one, two = cache(budget=budget), cache(budget=budget)
     one.put(entry("a", 1))
     one.clear()
@@ -356,7 +362,7 @@ def test_budget_after_clear_does_not_evict_from_a_cleared_cache() -> None:
 
 
 def test_entry_that_cannot_fit_beside_pins_is_refused_without_evicting_others() -> None:
-    budget = CacheBudget(HUGE, HUGE)
+    budget = CacheBudget(HUGE, HUGE, costs=ITEMS_ONLY)
     c = cache(max_bytes=100, budget=budget)
     c.put(entry("a", 40))
     c.put(entry("p", 50))
@@ -387,7 +393,7 @@ def test_pins_sharing_segments_with_the_new_entry_count_shared_bytes_once() -> N
 
 
 def test_entry_bigger_than_process_budget_is_refused_without_flushing_others() -> None:
-    budget = CacheBudget(max_entries=HUGE, max_bytes=100)
+    budget = CacheBudget(max_entries=HUGE, max_bytes=100, costs=ITEMS_ONLY)
     one, two = cache(budget=budget), cache(budget=budget)
     one.put(entry("a", 50))
     assert two.put(entry("big", 150)) is False
@@ -400,7 +406,7 @@ def test_entry_bigger_than_process_budget_is_refused_without_flushing_others() -
 
 def test_memory_budget_makes_the_cache_evict_to_leave_room_for_the_other_parts() -> None:
     memory = MemoryBudget(100)
-    budget = CacheBudget(HUGE, HUGE, memory)
+    budget = CacheBudget(HUGE, HUGE, memory, costs=ITEMS_ONLY)
     memory.add_part("cache", budget)
     c = cache(budget=budget)
     c.put(entry("a", 40))
@@ -412,7 +418,7 @@ def test_memory_budget_makes_the_cache_evict_to_leave_room_for_the_other_parts()
 
 def test_entry_larger_than_the_room_the_budget_leaves_is_refused_and_nothing_goes() -> None:
     memory = MemoryBudget(100)
-    budget = CacheBudget(HUGE, HUGE, memory)
+    budget = CacheBudget(HUGE, HUGE, memory, costs=ITEMS_ONLY)
     memory.add_part("cache", budget)
     c = cache(budget=budget)
     c.put(entry("a", 30))
@@ -423,7 +429,7 @@ def test_entry_larger_than_the_room_the_budget_leaves_is_refused_and_nothing_goe
 
 def test_queued_creates_are_admitted_against_what_cannot_be_evicted() -> None:
     memory = MemoryBudget(100)
-    budget = CacheBudget(HUGE, HUGE, memory)
+    budget = CacheBudget(HUGE, HUGE, memory, costs=ITEMS_ONLY)
     memory.add_part("cache", budget)
     cache(budget=budget).put(entry("a", 90))
     assert memory.can_queue(60)  # the cache would make room; queued + outbound stay within

@@ -287,6 +287,48 @@ def test_the_pod_environment_names_only_known_settings(tmp_path: Path) -> None:
         assert hasattr(getattr(settings, section), key), name
 
 
+# ---------------------------------------------------------------- Prometheus
+
+PROMETHEUS = ROOT / "deploy" / "prometheus"
+
+
+def test_the_pods_metrics_need_a_key_the_scrapers_send(tmp_path: Path) -> None:
+    """Proxy auth is on in the example, so /metrics needs a key: the pods get a metrics key
+    from the Secret, and both scrape examples send that same Secret item as a bearer token,
+    to the container port the Deployment names `http`."""
+    settings = deployed_settings(tmp_path)
+    assert settings.auth.api_key_hashes_file  # auth on: /metrics is not open
+    metrics_key = ("wsmode", "metrics-api-key")
+    assert settings.auth.metrics_api_keys == (SECRET_VALUES[metrics_key],)
+    named_port(wsmode_container(), "http")
+    (job,) = yaml.safe_load((PROMETHEUS / "scrape.yaml").read_text())["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    assert job["authorization"]["type"] == "Bearer"
+    assert job["authorization"]["credentials_file"].endswith("/metrics-api-key")
+    keep = {
+        tuple(r["source_labels"]): r["regex"]
+        for r in job["relabel_configs"]
+        if r.get("action") == "keep"
+    }
+    selector = resource("Deployment", "wsmode")["spec"]["selector"]["matchLabels"]
+    labels = tuple(
+        "__meta_kubernetes_pod_label_" + re.sub(r"[^A-Za-z0-9]", "_", k) for k in selector
+    )
+    assert keep[labels] == ";".join(selector.values())
+    assert keep[("__meta_kubernetes_pod_container_port_name",)] == "http"
+    monitor = yaml.safe_load((PROMETHEUS / "servicemonitor.yaml").read_text())
+    assert monitor["kind"] == "ServiceMonitor"
+    assert (
+        monitor["spec"]["selector"]["matchLabels"]
+        == resource("Service", "wsmode")["metadata"]["labels"]
+    )
+    (endpoint,) = monitor["spec"]["endpoints"]
+    service_ports = {p["name"] for p in resource("Service", "wsmode")["spec"]["ports"]}
+    assert endpoint["port"] in service_ports and endpoint["path"] == "/metrics"
+    credentials = endpoint["authorization"]["credentials"]
+    assert (credentials["name"], credentials["key"]) == metrics_key
+
+
 # ---------------------------------------------------------------- HAProxy
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 import orjson
 from wsmode.build import build_guards
 from wsmode.core.errors import ClientError
-from wsmode.core.guards import DenyPatterns, Guards, MaxNewInputBytes, NewInput, text_of
+from wsmode.core.guards import DenyPatterns, Guards, MaxNewInputBytes, NewInput, Unseen, text_of
 from wsmode.core.session import Session
 
 from tests.support.helpers import proxy_settings
@@ -98,3 +98,25 @@ def test_settings_build_the_guards() -> None:
     assert [type(g).__name__ for g in built.checks] == ["MaxNewInputBytes", "DenyPatterns"]
     mod = build_guards(proxy_settings("http://u", guards__moderation_url="http://m/v1/moderations"))
     assert mod is not None and mod.moderation and mod.checks == ()
+
+
+def test_a_warm_up_chain_shares_its_unmoderated_text_and_the_next_turn_sends_it_all() -> None:
+    """Each `generate: false` turn keeps its own text after its parent's, never a copy of
+    the chain's (a copy per turn held n^2 strings' references over a chain)."""
+    s = guarded(moderation=True)
+    prev = None
+    for turn in range(1, 2_001):
+        fields: dict[str, object] = {"generate": False, "input": [user(f"w{turn}")]}
+        if prev is not None:
+            fields["previous_response_id"] = prev
+        send_create(s, **fields)
+        parent = s.cache.peek(prev) if prev is not None else None
+        prev = f"resp_warm{turn}"
+        entry = s.cache.peek(prev)
+        assert entry is not None and len(entry.unmoderated) == turn
+        if parent is not None:
+            assert isinstance(entry.unmoderated, Unseen)
+            assert entry.unmoderated.up is parent.unmoderated
+            assert entry.unmoderated.own == (f"w{turn}",)
+    (start,) = starts(send_create(s, input=[user("go")], previous_response_id=prev))
+    assert start.moderate == (*(f"w{t}" for t in range(1, 2_001)), "go")

@@ -130,9 +130,9 @@ def open_item(sealer: Sealer, item: dict[str, Any], owner: str) -> Compacted:
     ):
         raise _invalid("its content is not a compaction payload this proxy understands")
     return Compacted(
-        head=tuple(wire.dumps(i) for i in doc["head"]),
+        head=tuple(wire.all_kept(doc["head"])),
         summary=doc["summary"],
-        tail=tuple(wire.dumps(i) for i in doc["tail"]),
+        tail=tuple(wire.all_kept(doc["tail"])),
     )
 
 

@@ -293,12 +293,14 @@ def translate_item(item: Any, opts: ChatOptions) -> Piece:
         role = item.get("role")
         content = item.get("content")
         if role == "assistant":
-            return Piece(TEXT, wire.dumps("".join(_texts(content, "assistant content"))))
+            return Piece(TEXT, wire.dumps_kept("".join(_texts(content, "assistant content"))))
         if role in SYSTEM_ROLES:
             text = "\n".join(_texts(content, f"{role} content"))
-            return Piece(MESSAGE, wire.dumps({"role": opts.system_role, "content": text}))
+            return Piece(MESSAGE, wire.dumps_kept({"role": opts.system_role, "content": text}))
         if role == "user":
-            return Piece(MESSAGE, wire.dumps({"role": "user", "content": _user_content(content)}))
+            return Piece(
+                MESSAGE, wire.dumps_kept({"role": "user", "content": _user_content(content)})
+            )
         raise invalid(f"Unknown message role '{str(role)[:32]}'.", "input")
     if kind in ("function_call", "custom_tool_call"):
         if kind == "function_call":
@@ -311,14 +313,14 @@ def translate_item(item: Any, opts: ChatOptions) -> Piece:
             "type": "function",
             "function": {"name": _call_name(item), "arguments": args},
         }
-        return Piece(CALL, wire.dumps(call))
+        return Piece(CALL, wire.dumps_kept(call))
     if kind in ("function_call_output", "custom_tool_call_output"):
         msg = {
             "role": "tool",
             "tool_call_id": _call_id(item),
             "content": _output_text(item.get("output")),
         }
-        return Piece(MESSAGE, wire.dumps(msg))
+        return Piece(MESSAGE, wire.dumps_kept(msg))
     if kind == "reasoning":
         if opts.reasoning == "drop":
             return _SKIP
@@ -326,7 +328,7 @@ def translate_item(item: Any, opts: ChatOptions) -> Piece:
             item.get("summary"), "reasoning summary"
         )
         text = "\n".join(texts)
-        return Piece(REASONING, wire.dumps(text)) if text else _SKIP
+        return Piece(REASONING, wire.dumps_kept(text)) if text else _SKIP
     if kind == "item_reference":
         raise ClientError(
             "'item_reference' input items cannot be resolved for a Chat Completions upstream; "
