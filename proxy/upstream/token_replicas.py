@@ -1,5 +1,4 @@
-"""The token path's readiness across the pool's replicas (docs/tokens.md "Start-up and
-failures").
+"""The token path's readiness across the pool's replicas (docs/tokens.md "Start-up").
 
 Every replica of `upstream.urls` is probed (upstream/token_probe.py), not only the first: a
 turn's ids may go to any of them, so they must be one engine, template, model, vocabulary and

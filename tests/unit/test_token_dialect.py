@@ -245,10 +245,10 @@ def test_a_tag_the_server_streams_as_an_id_only_is_written_back_for_the_parser()
 def test_ids_outside_the_servers_vocabulary_are_a_protocol_error_naming_the_id() -> None:
     """The vocabulary the server reports bounds the ids it tokenises and generates."""
     prompt = TokenPrompt(LlamaCppEngine(), fresh("<p>"), Sampling(), vocab_size=100)
-    assert prompt.new_ids(b'{"tokens": [2, 99]}') == [2, 99]
+    assert prompt.new_ids([b'{"tokens": [2, 99]}']) == [[2, 99]]
     for answer in (b'{"tokens": [2, 100]}', b'{"tokens": [-1]}'):
         with pytest.raises(UpstreamError) as caught:
-            prompt.new_ids(answer)
+            prompt.new_ids([answer])
         assert caught.value.status == 502 and caught.value.code == "upstream_protocol_error"
         assert "outside its vocabulary of 100 ids" in caught.value.message
     s = _stream(vocab_size=100)
