@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from immutables import Map
 
 from ..core import wire
 from ..core.conversation import CachedResponse, Segment, holds_compaction, linked
+from ..core.guards import Unseen
 from ..core.store import StoredResponse
 from ..core.tokens.chain import TokenTurn, turn_of, turn_record
 from ..core.tokens.identity import out_of_vocab, vocab_of
@@ -80,17 +81,24 @@ def encode(stored: StoredResponse) -> Record:
         calls = list(entry.calls.keys())
     shared: dict[str, bytes] = {}
     settings, in_settings = _share(entry.settings, list(entry.settings), shared)
+    # the text no moderation saw: after a stored parent only the turn's own (`unseen_up`:
+    # the parent's record holds the rest), as the cache shares it (core/guards.py `Unseen`)
+    held = entry.unmoderated
+    after_parent = stored.parent is not None and isinstance(held, Unseen)
+    unseen = list(held.own) if isinstance(held, Unseen) and after_parent else list(held)
     meta: dict[str, Any] = {
         "lens": [len(i) for i in items],
         "lane": entry.lane,
         "settings": settings,
         "calls": list(calls),
         "opaque": entry.opaque,
-        "unmoderated": list(entry.unmoderated),
+        "unmoderated": unseen,
         "replica": entry.replica,
         "chain": entry.chain,
         "inputs": stored.input_count,
     }
+    if after_parent:
+        meta["unseen_up"] = True
     response = stored.response
     if in_settings:
         meta["shared"] = in_settings
@@ -153,6 +161,7 @@ def decode(rid: str, reply: Sequence[Any]) -> StoredResponse | None:
     segments: list[Segment] = []
     calls = Map[str, bool]().mutate()
     tokens: TokenTurn | None = None
+    unseen: Collection[str] = ()  # the text no moderation saw, up to the link read
     untrusted = False  # a record of the token chain held ids outside its vocabulary
     for raw, meta in reversed(links):  # oldest first
         tok = meta.get("tok")
@@ -180,6 +189,8 @@ def decode(rid: str, reply: Sequence[Any]) -> StoredResponse | None:
         segments.append(Segment(tuple(items)))
         for call in meta["calls"]:
             calls[call] = True
+        texts = tuple(meta["unmoderated"])
+        unseen = Unseen(texts, unseen) if meta.get("unseen_up") else texts
     own = links[0][1]
     response = bytes(reply[0])
     if own.get("rshared"):
@@ -191,7 +202,7 @@ def decode(rid: str, reply: Sequence[Any]) -> StoredResponse | None:
         _restored(own["settings"], own.get("shared", {}), values),
         calls.finish(),
         own["opaque"],
-        tuple(own["unmoderated"]),
+        unseen,
         own.get("replica"),
         own.get("chain"),
         any(holds_compaction(seg.items) for seg in segments),

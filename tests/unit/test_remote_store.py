@@ -5,6 +5,7 @@ holds the turn's own items only and restores every field of the cached response.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 
 import orjson
@@ -20,6 +21,7 @@ from wsmode.core.actions import (
 from wsmode.core.context.manager import SummaryResult
 from wsmode.core.conversation import NO_CALLS, CachedResponse, Segment, index_calls, linked
 from wsmode.core.events import ClientMessage
+from wsmode.core.guards import Unseen
 from wsmode.core.runs import RunState
 from wsmode.core.session import Session
 from wsmode.core.store import StoredResponse
@@ -245,3 +247,27 @@ def test_long_settings_and_their_echo_are_stored_once_by_content_and_read_back_e
     assert back is not None
     assert back.response == response  # byte for byte
     assert list(back.entry.settings.items()) == list(settings.items())  # in order
+
+
+def test_a_warm_up_chains_records_hold_only_their_own_unmoderated_text() -> None:
+    """With moderation on, each `generate: false` turn leaves its text unseen; a record after
+    a stored parent writes only its own (a record holding the chain's whole list grew with
+    the chain, n^2 over it), and reading the chain back gives all of it, oldest first."""
+    unseen: Collection[str] = ()
+    entries: list[CachedResponse] = []
+    for turn in range(1, 201):
+        unseen = Unseen((f"w{turn}",), unseen) if entries else (f"w{turn}",)
+        entries.append(CachedResponse(f"r{turn}", None, linked([Segment(())]), unmoderated=unseen))
+    metas = []
+    for turn, entry in enumerate(entries, 1):
+        parent = f"r{turn - 1}" if turn > 1 else None
+        record = encode(StoredResponse(entry, b"{}", 1, parent=parent))
+        metas.append(record.meta)
+        assert orjson.loads(record.meta)["unmoderated"] == [f"w{turn}"]
+    reply: list[object] = [b"{}", 0]
+    for meta in reversed(metas):  # from the response itself back to its chain's start
+        reply += [b"", meta]
+    back = decode("r200", reply)
+    assert back is not None
+    assert list(back.entry.unmoderated) == [f"w{t}" for t in range(1, 201)]
+    assert len(back.entry.unmoderated) == 200
