@@ -28,7 +28,9 @@ from ..core.sse import SSEDecoder
 from .procs import BenchError, Server, Servers, free_port
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: proxy/bench/ is two levels down
-SHARED = ROOT.parent / "shared" / "upstreams"
+# the llama.cpp upstream's scripts (../shared/upstreams beside a checkout; an installed
+# wsmode is told where they are)
+SHARED = Path(os.environ.get("LLAMACPP_UPSTREAM_SHARED", ROOT.parent / "shared" / "upstreams"))
 CACHE = Path(os.environ.get("LLAMACPP_UPSTREAM_DIR", ROOT / ".upstreams")) / "llamacpp"
 
 

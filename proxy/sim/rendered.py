@@ -30,7 +30,8 @@ _TURN = re.compile(r"<start_of_turn>(user|model)\n(.*?)(?:<end_of_turn>\n?|\Z)",
 _TOOLS = re.compile(r"<tools>\n(.*?)</tools>", re.S)
 _CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.S)
 _RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
-_PREAMBLE = "You can call these functions."
+# how a template that lists tools introduces them (the sim's and the tests' own templates)
+_PREAMBLE = "You can call these functions"
 CALL_OPEN = "<tool_call>\n"
 CALL_CLOSE = "\n</tool_call>"
 

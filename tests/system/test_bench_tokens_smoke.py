@@ -7,13 +7,16 @@ are shared)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.chat_streams import SHARED_UPSTREAMS
 from tests.support.helpers import seconds
+from tests.support.llamacpp_server import CACHE as LLAMACPP_CACHE
 from tests.support.llamacpp_server import build_tiny_vocab_model
 
 SIZES = [1024, 4096]  # the smoke profile's history sizes, in the sim's tokens
@@ -106,8 +109,16 @@ def test_bench_tokens_on_llamacpp_measures_reuse_and_the_servers_own_times(
     model = build_tiny_vocab_model()
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "wsmode", "bench", "tokens", "--smoke"]
+    # where the upstream's scripts and its installed server are, for a wsmode installed from
+    # the checkout rather than run in it (as CI installs it)
+    env = {
+        **os.environ,
+        "LLAMACPP_UPSTREAM_SHARED": str(SHARED_UPSTREAMS),
+        "LLAMACPP_UPSTREAM_DIR": str(LLAMACPP_CACHE.parent),
+    }
     proc = subprocess.run(
         [*cmd, "--llamacpp-model", str(model), "--json", str(out), "--png", ""],
+        env=env,
         capture_output=True,
         text=True,
         timeout=seconds(840),
