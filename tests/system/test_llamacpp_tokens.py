@@ -24,14 +24,10 @@ from websockets.asyncio.client import connect
 from wsmode.core.tokens.chain import DIVERGENCES
 from wsmode.core.tokens.template import ChatTemplate, object_arguments
 
-from tests.support.chat_streams import SHARED_UPSTREAMS
 from tests.support.event_checks import check_sequence
 from tests.support.helpers import (
-    Metrics,
     Proxy,
     create,
-    sample,
-    scrape_until,
     sdk_terminal,
     seconds,
     send,
@@ -40,7 +36,23 @@ from tests.support.helpers import (
     until_terminal,
 )
 from tests.support.llamacpp_server import TURN_TIMEOUT
-from tests.support.recording_relay import Completion, RecordingRelay, recording_relay
+from tests.support.llamacpp_tokens import (
+    apply_template,
+    chain_report,
+    chat_messages,
+    continues,
+    divergences,
+    fewshot,
+    ids_counted,
+    metrics_for,
+    readyz,
+    token_proxy,
+    tokenize,
+)
+from tests.support.llamacpp_tokens import (
+    root as server_root,
+)
+from tests.support.recording_relay import recording_relay
 
 # The first test that asks for a server may install it (about 10 s plus the model download),
 # build the tiny-vocab model (about 20 s, plus `pip install gguf numpy` the first time) and
@@ -79,154 +91,10 @@ SEARCH_TOOL = {
 # ---------------------------------------------------------------- llama.cpp itself
 
 
-def _root(base: str) -> str:
-    """The server's root from its base URL (…/v1): llama.cpp's own endpoints live there."""
-    return base.removesuffix("/v1")
-
-
-async def _post(root: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as http, http.post(root + path, json=body) as r:
-        raw = await r.read()
-        assert r.status == 200, (path, r.status, raw[:500])
-    doc = orjson.loads(raw)
-    assert isinstance(doc, dict)
-    return doc
-
-
 async def _props(root: str) -> dict[str, Any]:
     async with aiohttp.ClientSession() as http, http.get(root + "/props") as r:
         assert r.status == 200
         doc = orjson.loads(await r.read())
-    assert isinstance(doc, dict)
-    return doc
-
-
-async def _apply_template(
-    root: str, messages: list[Message], tools: list[dict[str, Any]] | None = None
-) -> str:
-    """llama.cpp's own rendering of a conversation (`POST /apply-template`), with the
-    generation prompt, as its chat endpoint renders it."""
-    body: dict[str, Any] = {"messages": messages}
-    if tools:
-        body["tools"] = tools
-    prompt = (await _post(root, "/apply-template", body))["prompt"]
-    assert isinstance(prompt, str)
-    return prompt
-
-
-async def _tokenize(root: str, text: str, *, add_special: bool) -> list[int]:
-    doc = await _post(
-        root, "/tokenize", {"content": text, "add_special": add_special, "parse_special": True}
-    )
-    tokens = doc["tokens"]
-    assert isinstance(tokens, list)
-    return tokens
-
-
-# ---------------------------------------------------------------- wsmode on the token path
-
-
-async def _token_proxy(proxy_factory: ProxyFactory, relay: RecordingRelay) -> Proxy:
-    """wsmode on the token path in front of the relay, once its start-up probe succeeded
-    (`/readyz` 200)."""
-    px = await proxy_factory(
-        f"{relay.base}/v1", upstream__api="tokens", upstream__read_timeout=TURN_TIMEOUT
-    )
-
-    async def ready() -> bool:
-        status, _ = await _readyz(px)
-        return status == 200
-
-    await until(ready, 30, every=0.1, message="the token path never became ready")
-    return px
-
-
-async def _readyz(px: Proxy) -> tuple[int, dict[str, Any]]:
-    async with aiohttp.ClientSession() as http, http.get(f"{px.served.base}/readyz") as r:
-        return r.status, dict(await r.json())
-
-
-def _divergences(metrics: Metrics) -> dict[str, float]:
-    return {
-        reason: sample(metrics, "wsmode_token_divergences_total", reason=reason)
-        for reason in DIVERGENCES
-    }
-
-
-def _ids(metrics: Metrics, kind: str) -> float:
-    return sample(metrics, "wsmode_prompt_ids_total", kind=kind)
-
-
-async def _metrics_for(px: Proxy, relay: RecordingRelay) -> Metrics:
-    """/metrics once every turn the relay saw is counted: the prompt ids wsmode reports
-    (reused + tokenized) add up to the ids it sent."""
-    sent = sum(len(c.prompt) for c in relay.recording.completions)
-    return await scrape_until(
-        px, lambda m: _ids(m, "reused") + _ids(m, "tokenized") == sent, timeout=10
-    )
-
-
-def _continues(later: Completion, earlier: Completion) -> bool:
-    """`later`'s prompt starts with exactly `earlier`'s prompt and the ids llama.cpp
-    generated for it, as it streamed them."""
-    head = earlier.prompt + earlier.tokens
-    return later.prompt[: len(head)] == head
-
-
-def _chain_report(completions: list[Completion]) -> str:
-    """Where each prompt stops following its predecessor, for a failure's message."""
-    lines = []
-    for k in range(1, len(completions)):
-        prev, cur = completions[k - 1], completions[k]
-        head = prev.prompt + prev.tokens
-        at = next(
-            (i for i, (a, b) in enumerate(zip(head, cur.prompt, strict=False)) if a != b),
-            min(len(head), len(cur.prompt)),
-        )
-        lines.append(
-            f"turn {k}: previous prompt {len(prev.prompt)} ids + {len(prev.tokens)} generated "
-            f"({prev.content!r}); this prompt follows them for {at} ids; "
-            f"there it has {cur.prompt[at : at + 8]}, the chain {head[at : at + 8]}"
-        )
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------- Responses items as Chat
-
-
-def _chat_messages(items: list[dict[str, Any]]) -> list[Message]:
-    """Responses input and output items as Chat Completions messages, grouped the way
-    wsmode's chat path groups them: a function call joins the open assistant turn, assistant
-    text opens a new one, anything else closes it."""
-    out: list[Message] = []
-    turn: Message | None = None
-    for item in items:
-        kind = item.get("type", "message")
-        if kind == "function_call":
-            if turn is None:
-                turn = {"role": "assistant", "content": ""}
-                out.append(turn)
-            call = {"name": item["name"], "arguments": item["arguments"]}
-            turn.setdefault("tool_calls", []).append(
-                {"id": item["call_id"], "type": "function", "function": call}
-            )
-        elif kind == "function_call_output":
-            turn = None
-            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
-        elif kind == "message" and item["role"] == "assistant":
-            content = item["content"]
-            if isinstance(content, list):
-                content = "".join(p["text"] for p in content if p["type"] == "output_text")
-            turn = {"role": "assistant", "content": content}
-            out.append(turn)
-        elif kind == "message":
-            turn = None
-            out.append({"role": item["role"], "content": item["content"]})
-    return out
-
-
-def _fewshot() -> dict[str, Any]:
-    doc = orjson.loads((SHARED_UPSTREAMS / "responses_tool_fewshot_stop.json").read_bytes())
     assert isinstance(doc, dict)
     return doc
 
@@ -319,7 +187,7 @@ async def test_rendering_is_llamacpps_byte_for_byte(
 ) -> None:
     """wsmode's rendering of the template the server reports (`/props`: from the command line
     on one server, from the GGUF on the other) is llama.cpp's own (`/apply-template`)."""
-    root = _root(request.getfixturevalue(server))
+    root = server_root(request.getfixturevalue(server))
     props = await _props(root)
     template = ChatTemplate(
         props["chat_template"],
@@ -328,7 +196,7 @@ async def test_rendering_is_llamacpps_byte_for_byte(
         eos_token=props["eos_token"],
     )
     messages, tools = CONVERSATIONS[name]
-    expected = await _apply_template(root, messages, tools)
+    expected = await apply_template(root, messages, tools)
     got = template.render(object_arguments(copy.deepcopy(messages)), tools)
     assert got == expected
 
@@ -351,9 +219,9 @@ TURNS = (
 async def test_six_turns_continue_token_exactly_over_sdk_websocket(
     llamacpp_tiny_vocab: str, proxy_factory: ProxyFactory, openai_client: Any
 ) -> None:
-    root = _root(llamacpp_tiny_vocab)
+    root = server_root(llamacpp_tiny_vocab)
     async with recording_relay(root) as relay:
-        px = await _token_proxy(proxy_factory, relay)
+        px = await token_proxy(proxy_factory, relay)
         # the start-up probe tokenises too (the turn marker): only the turns' requests count
         startup = len(relay.recording.tokenize)
         client = openai_client(px.http, api_key="sk-tokens", timeout=TURN_TIMEOUT)
@@ -375,7 +243,7 @@ async def test_six_turns_continue_token_exactly_over_sdk_websocket(
                 assert ev.response.previous_response_id == previous
                 texts.append(ev.response.output_text)
                 previous = ev.response.id
-        metrics = await _metrics_for(px, relay)
+        metrics = await metrics_for(px, relay)
     calls = relay.recording.completions
     tokenized = relay.recording.tokenize[startup:]
     assert len(calls) == len(TURNS) and all(c.status == 200 for c in calls)
@@ -384,13 +252,13 @@ async def test_six_turns_continue_token_exactly_over_sdk_websocket(
     # the first prompt is the one llama.cpp's chat endpoint builds for the same messages:
     # its own rendering, tokenised with the BOS added and special tokens parsed
     first = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": TURNS[0]}]
-    rendered = await _apply_template(root, first)
-    assert calls[0].prompt == await _tokenize(root, rendered, add_special=True)
+    rendered = await apply_template(root, first)
+    assert calls[0].prompt == await tokenize(root, rendered, add_special=True)
     assert tokenized[0] == {"content": rendered, "add_special": True, "parse_special": True}
 
     # every later prompt is the previous prompt and the ids generated for it, then new ids
-    assert all(_continues(calls[k], calls[k - 1]) for k in range(1, len(calls))), (
-        f"divergences on /metrics: {_divergences(metrics)}\n{_chain_report(calls)}"
+    assert all(continues(calls[k], calls[k - 1]) for k in range(1, len(calls))), (
+        f"divergences on /metrics: {divergences(metrics)}\n{chain_report(calls)}"
     )
     # so llama.cpp computes only the new ids: its cache covers the previous prompt and
     # generation but the last generated id, which was sampled and never evaluated
@@ -409,7 +277,7 @@ async def test_six_turns_continue_token_exactly_over_sdk_websocket(
             {"role": "assistant", "content": texts[k - 1]},
             {"role": "user", "content": TURNS[k]},
         ]
-        whole = await _apply_template(root, history)
+        whole = await apply_template(root, history)
         body = tokenized[k]
         assert body["add_special"] is False and body["parse_special"] is True
         assert TURNS[k] in body["content"] and TURNS[0] not in body["content"], body
@@ -417,8 +285,8 @@ async def test_six_turns_continue_token_exactly_over_sdk_websocket(
         assert body["content"] == whole[len(before) + len(calls[k - 1].content) :]
         before = whole
     reused = sum(len(c.prompt) + len(c.tokens) for c in calls[:-1])
-    assert _divergences(metrics) == dict.fromkeys(DIVERGENCES, 0.0)
-    assert _ids(metrics, "reused") == reused > 0
+    assert divergences(metrics) == dict.fromkeys(DIVERGENCES, 0.0)
+    assert ids_counted(metrics, "reused") == reused > 0
 
 
 # ---------------------------------------------------------------- (c) the same on Gemma 3
@@ -428,8 +296,8 @@ async def test_six_turns_continue_token_exactly_over_sdk_websocket(
 async def test_gemma_continues_token_exactly_over_websocket(
     llamacpp: str, proxy_factory: ProxyFactory
 ) -> None:
-    async with recording_relay(_root(llamacpp)) as relay:
-        px = await _token_proxy(proxy_factory, relay)
+    async with recording_relay(server_root(llamacpp)) as relay:
+        px = await token_proxy(proxy_factory, relay)
         previous: str | None = None
         async with connect(px.ws) as ws:
             for text in TURNS:
@@ -448,11 +316,11 @@ async def test_gemma_continues_token_exactly_over_websocket(
                 final = check_sequence(events).terminal
                 assert events[-1]["type"] in ("response.completed", "response.incomplete")
                 previous = final["id"]
-        metrics = await _metrics_for(px, relay)
+        metrics = await metrics_for(px, relay)
     calls = relay.recording.completions
     assert len(calls) == len(TURNS)
-    assert all(_continues(calls[k], calls[k - 1]) for k in range(1, len(calls))), (
-        f"divergences on /metrics: {_divergences(metrics)}\n{_chain_report(calls)}"
+    assert all(continues(calls[k], calls[k - 1]) for k in range(1, len(calls))), (
+        f"divergences on /metrics: {divergences(metrics)}\n{chain_report(calls)}"
     )
     for k in range(1, len(calls)):
         timings = calls[k].timings
@@ -474,8 +342,8 @@ async def test_gemma_tool_call_loop_over_websocket(
     """Codex's shape: tools on every turn, store false, each turn continuing the last with
     the tool's result. The token path sends no `stop`, so the base model writes on after
     `</tool_call>`; wsmode parses the call out of its text anyway."""
-    doc = _fewshot()
-    root = _root(llamacpp)
+    doc = fewshot()
+    root = server_root(llamacpp)
     settings = {
         "model": doc["model"],
         "tools": doc["tools"],
@@ -486,7 +354,7 @@ async def test_gemma_tool_call_loop_over_websocket(
         "store": False,
     }
     async with recording_relay(root) as relay:
-        px = await _token_proxy(proxy_factory, relay)
+        px = await token_proxy(proxy_factory, relay)
         async with connect(px.ws) as ws:
             await send(ws, create(**settings, input=doc["input"]))
             events = await until_terminal(ws, timeout=TURN_TIMEOUT)
@@ -509,7 +377,7 @@ async def test_gemma_tool_call_loop_over_websocket(
             second = check_sequence(events).terminal
             assert events[-1]["type"] in ("response.completed", "response.incomplete")
             assert second["previous_response_id"] == first["id"]
-        metrics = await _metrics_for(px, relay)
+        metrics = await metrics_for(px, relay)
     made = relay.recording.completions
     assert len(made) == 2
 
@@ -521,20 +389,20 @@ async def test_gemma_tool_call_loop_over_websocket(
         {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}}
         for t in doc["tools"]
     ]
-    before = _chat_messages(doc["input"])
-    after = _chat_messages([*doc["input"], *first["output"], *results])
-    r1 = await _apply_template(root, before, tools)
-    r2 = await _apply_template(root, after, tools)
+    before = chat_messages(doc["input"])
+    after = chat_messages([*doc["input"], *first["output"], *results])
+    r1 = await apply_template(root, before, tools)
+    r2 = await apply_template(root, after, tools)
     assert r2.startswith(r1)  # the history itself is unchanged: the first prompt stays
     rerendered = 0.0 if r2.startswith(r1 + made[0].content) else 1.0
     expected = {**dict.fromkeys(DIVERGENCES, 0.0), "generation_rerendered": rerendered}
-    assert _divergences(metrics) == expected, (made[0].content, r2[len(r1) :])
+    assert divergences(metrics) == expected, (made[0].content, r2[len(r1) :])
     # the ids before the divergence are reused: the second prompt starts with the first
     assert made[1].prompt[: len(made[0].prompt)] == made[0].prompt
     if rerendered == 0.0:
-        assert _continues(made[1], made[0])
+        assert continues(made[1], made[0])
     reused = len(made[0].prompt) + (0 if rerendered else len(made[0].tokens))
-    assert _ids(metrics, "reused") == reused
+    assert ids_counted(metrics, "reused") == reused
 
 
 # ---------------------------------------------------------------- (e) trajectories
@@ -545,8 +413,8 @@ async def test_stored_response_tokens_are_what_llamacpp_saw(
     llamacpp_tiny_vocab: str, proxy_factory: ProxyFactory
 ) -> None:
     owner = {"Authorization": "Bearer sk-owner"}
-    async with recording_relay(_root(llamacpp_tiny_vocab)) as relay:
-        px = await _token_proxy(proxy_factory, relay)
+    async with recording_relay(server_root(llamacpp_tiny_vocab)) as relay:
+        px = await token_proxy(proxy_factory, relay)
         ids: list[str] = []
         async with connect(px.ws, additional_headers=owner) as ws:
             for text in TURNS[:2]:
@@ -603,7 +471,7 @@ async def test_a_server_that_is_no_token_engine_is_not_ready(
 
         async def probed() -> dict[str, Any] | None:
             # a reason that names the server: the probe ran and failed (not "not probed yet")
-            status, doc = await _readyz(px)
+            status, doc = await readyz(px)
             reasons = doc.get("reasons", [])
             hit = any("token path" in r and address in r for r in reasons)
             return doc if status == 503 and hit else None
