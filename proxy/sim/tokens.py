@@ -181,6 +181,9 @@ def generate(
             tool_calls_per_turn=0,
         )
         text = f"<think>{''.join(thought.tokens)}</think>{text}"
+    if "".join(units) != text:  # reasoning was added: paced per word of the whole answer
+        words = text.split(" ")
+        units = [w if i == 0 else " " + w for i, w in enumerate(words)]
     cuts = [(text.find(s), s) for s in stop if s and s in text]
     if cuts:
         at, word = min(cuts)

@@ -34,7 +34,7 @@ from ..core.errors import UpstreamError
 from ..core.sse import SSEDecoder
 from ..core.tokens.dialect import TokenSetup
 from ..core.tokens.engine import LlamaCppEngine, Sampling, TokenEngine
-from ..core.tokens.formats import closing, detect_format, markers, parser_for
+from ..core.tokens.formats import closing, markers, parser_for, resolve
 from ..core.tokens.identity import out_of_vocab, tokenizer_digest
 from ..core.tokens.parsers import THINK_CLOSE, THINK_OPEN
 from ..core.tokens.sglang import SglangEngine
@@ -284,10 +284,10 @@ async def setup(client: UpstreamClient, settings: UpstreamSettings, base: str) -
     probe_ids = await _probe_ids(server, template)
     if isinstance(engine, VllmEngine):  # the one engine whose generate route may be missing
         await _generates(server, probe_ids, model)
-    tool_format = settings.tool_format
+    tool_format = resolve(settings.tool_format, source)  # once, not per response
     thinking = opens_think(template)
     harmony = None
-    if tool_format == "harmony" or (tool_format == "auto" and detect_format(source) == "harmony"):
+    if tool_format == "harmony":
         try:
             harmony = await harmony_encoding()
         except HarmonyUnavailable as exc:

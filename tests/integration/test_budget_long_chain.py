@@ -10,13 +10,12 @@ RSS grew by about 95 MB."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import aiohttp
-import orjson
 from websockets.asyncio.client import connect
 
 from tests.support.helpers import free_port, running, wait_healthy
+from tests.support.long_chain import warm_up
 
 BUDGET = 4 * 1024 * 1024
 TURNS = 10_000
@@ -54,24 +53,12 @@ async def test_a_long_warm_up_chain_is_cut_at_the_budget_before_rss_outgrows_it(
         previous, cut, highest = None, 0, 0.0
         async with connect(f"ws://127.0.0.1:{port}/v1/responses", max_size=None) as ws:
             for turn in range(1, TURNS + 1):
-                msg: dict[str, Any] = {
-                    "type": "response.create",
-                    "model": "m",
-                    "generate": False,
-                    "input": [{"role": "user", "content": f"warm-up {turn}"}],
-                }
-                if previous is not None:
-                    msg["previous_response_id"] = previous
-                await ws.send(orjson.dumps(msg).decode())
-                while True:
-                    ev = orjson.loads(await ws.recv())
-                    if ev["type"] == "response.completed":
-                        previous = ev["response"]["id"]
-                        break
-                    if ev["type"] == "error":  # the parent was not kept: start again
-                        assert ev["error"]["code"] == "previous_response_not_found", ev
-                        previous, cut = None, cut + 1
-                        break
+                ev = await warm_up(ws, turn, previous)
+                if ev["type"] == "response.completed":
+                    previous = ev["response"]["id"]
+                else:  # the parent was not kept: start again
+                    assert ev["error"]["code"] == "previous_response_not_found", ev
+                    previous, cut = None, cut + 1
                 if turn % 1000 == 0:
                     highest = max(highest, sum((await memory_parts(base)).values()))
         grown = rss(proc.pid) - before

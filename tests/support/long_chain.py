@@ -17,7 +17,7 @@ import urllib.request
 from typing import Any
 
 import orjson
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 
 from tests.support.helpers import free_port, until_sync
 
@@ -48,6 +48,28 @@ def _up(base: str) -> bool:
         return False
 
 
+async def warm_up(
+    ws: ClientConnection, turn: int, previous: str | None, *, store: bool = True
+) -> dict[str, Any]:
+    """One `generate: false` create continuing `previous` (None: the chain's first): its
+    terminal event, `response.completed` or an `error`."""
+    msg: dict[str, Any] = {
+        "type": "response.create",
+        "model": "m",
+        "generate": False,
+        "store": store,
+        "input": [{"role": "user", "content": f"warm-up {turn}"}],
+    }
+    if previous is not None:
+        msg["previous_response_id"] = previous
+    await ws.send(orjson.dumps(msg).decode())
+    while True:
+        ev = orjson.loads(await asyncio.wait_for(ws.recv(), 30))
+        if ev["type"] in ("response.completed", "error"):
+            return dict(ev)
+        assert ev["type"] == "response.created", ev
+
+
 async def _chain(base: str, pid: int, turns: int, store: bool) -> list[dict[str, Any]]:
     rows = []
     url = base.replace("http", "ws") + "/v1/responses"
@@ -55,22 +77,9 @@ async def _chain(base: str, pid: int, turns: int, store: bool) -> list[dict[str,
     t0 = time.perf_counter()
     async with connect(url, max_size=None) as ws:
         for turn in range(1, turns + 1):
-            msg: dict[str, Any] = {
-                "type": "response.create",
-                "model": "m",
-                "generate": False,
-                "store": store,
-                "input": [{"role": "user", "content": f"warm-up {turn}"}],
-            }
-            if previous is not None:
-                msg["previous_response_id"] = previous
-            await ws.send(orjson.dumps(msg).decode())
-            while True:
-                ev = orjson.loads(await ws.recv())
-                if ev["type"] == "response.completed":
-                    previous = ev["response"]["id"]
-                    break
-                assert ev["type"] == "response.created", ev
+            ev = await warm_up(ws, turn, previous, store=store)
+            assert ev["type"] == "response.completed", ev
+            previous = ev["response"]["id"]
             if turn % 2000 == 0 or turn == turns:
                 memory = _metric(base, "wsmode_memory_bytes")
                 row = {

@@ -44,8 +44,7 @@ def parser_for(
     harmony format needs (upstream/harmony_vocab.py)."""
     if tool_format not in TOOL_FORMATS:
         raise ValueError(f"tool_format must be one of {', '.join(TOOL_FORMATS)}: {tool_format!r}")
-    if tool_format == "auto":
-        tool_format = detect_format(template_source)
+    tool_format = resolve(tool_format, template_source)
     if tool_format == "harmony":
         if harmony is None:
             raise ValueError("the harmony format needs its encoding loaded")
@@ -57,6 +56,12 @@ def parser_for(
     if tool_format == "llama3":
         return Llama3Parser(starts_in_think=starts_in_think)
     return NoToolsParser(starts_in_think=starts_in_think)
+
+
+def resolve(tool_format: str, template_source: str) -> str:
+    """`tool_format` itself, or for "auto" the format the template writes (`detect_format`):
+    a caller that makes many parsers resolves it once."""
+    return detect_format(template_source) if tool_format == "auto" else tool_format
 
 
 def detect_format(template_source: str) -> str:
@@ -82,8 +87,7 @@ def markers(tool_format: str, template_source: str) -> tuple[str, ...]:
     """The tags a format's parser reads. A server may leave special tokens out of the text it
     streams (llama.cpp without `--special`, vLLM and SGLang skipping special tokens), so the
     token stream writes back those that are one token each, from the ids (dialect.py)."""
-    if tool_format == "auto":
-        tool_format = detect_format(template_source)
+    tool_format = resolve(tool_format, template_source)
     think = (THINK_OPEN, THINK_CLOSE)
     if tool_format == "harmony":
         return HARMONY_TAGS
@@ -101,9 +105,8 @@ def closing(tool_format: str, template_source: str) -> tuple[str, ...]:
     `<|call|>`, `<|return|>`, `<|end|>`): a generation ending with one needs no turn end
     after it in the history (chain.py `continue_from`). None for the other formats, whose
     template writes the turn's end after the generation."""
-    if tool_format == "auto":
-        tool_format = detect_format(template_source)
+    tool_format = resolve(tool_format, template_source)
     return HARMONY_ENDS if tool_format == "harmony" else ()
 
 
-__all__ = ["TOOL_FORMATS", "closing", "detect_format", "markers", "parser_for"]
+__all__ = ["TOOL_FORMATS", "closing", "detect_format", "markers", "parser_for", "resolve"]
