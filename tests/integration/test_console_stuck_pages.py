@@ -10,33 +10,18 @@ tests/integration/test_console.py.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 
-import aiohttp
 import pytest
 
 from tests.support.helpers import Sim, free_port, running, seconds, until, wait_healthy
+from tests.support.stuck_pages import PAGES, sockets_of, stuck_page, turns
 
-PAGES = 8
 QUEUE = 4  # console.subscriber_queue: a page this many events behind is dropped
 GRACE = 1.0  # server.drain_grace_seconds
-PADDING = "lorem ipsum " * 200  # input text the console shows (console.show_content)
-
-
-def sockets_of(pid: int) -> int:
-    """The sockets process `pid` holds open now (its descriptors in /proc)."""
-    count = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            count += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
-        except FileNotFoundError:
-            continue  # closed while we looked
-    return count
 
 
 async def settled(pid: int) -> int:
@@ -49,15 +34,6 @@ async def settled(pid: int) -> int:
         return before if sockets_of(pid) == before else None  # never 0: it listens
 
     return await until(same)
-
-
-def stuck_page(port: int) -> socket.socket:
-    """A console page that asks for the feed and never reads a byte of it."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", port))
-    sock.sendall(f"GET /console/feed HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
-    return sock
 
 
 @pytest.fixture
@@ -73,25 +49,10 @@ def server(sim: Sim) -> Iterator[tuple[subprocess.Popen[str], int]]:
         yield proc, port
 
 
-async def turns(port: int, n: int, parallel: int = 4) -> None:
-    """`n` turns over POST /v1/responses, `parallel` at a time; the client's connections
-    closed after."""
-    body = {"model": "sim", "input": PADDING, "store": False}
-    gate = asyncio.Semaphore(parallel)
-    async with aiohttp.ClientSession() as http:
-
-        async def one() -> None:
-            async with gate, http.post(f"http://127.0.0.1:{port}/v1/responses", json=body) as r:
-                assert r.status == 200, await r.text()
-                await r.read()
-
-        await asyncio.gather(*(one() for _ in range(n)))
-
-
 async def filled(port: int) -> None:
     """The server is up and its console ring holds far more than a feed may buffer."""
     await wait_healthy(f"http://127.0.0.1:{port}")
-    await turns(port, 200)  # ~2.6 kB an event: ~500 kB of ring
+    await turns(f"http://127.0.0.1:{port}", 200)  # ~2.6 kB an event: ~500 kB of ring
 
 
 async def test_pages_that_never_read_are_closed_for_good(
@@ -99,14 +60,16 @@ async def test_pages_that_never_read_are_closed_for_good(
 ) -> None:
     proc, port = server
     await filled(port)
-    await turns(port, 1, parallel=1)  # the connection to the upstream the later turns reuse
+    await turns(
+        f"http://127.0.0.1:{port}", 1, parallel=1
+    )  # the connection to the upstream the later turns reuse
     baseline = await settled(proc.pid)
     for _ in range(2):  # two rounds: nothing is left of the first
         pages = [stuck_page(port) for _ in range(PAGES)]
         try:
             await until(lambda: sockets_of(proc.pid) >= baseline + PAGES)
             # new events while the pages read nothing: each falls behind and is dropped
-            await turns(port, QUEUE + 2, parallel=1)
+            await turns(f"http://127.0.0.1:{port}", QUEUE + 2, parallel=1)
             await until(
                 lambda: sockets_of(proc.pid) <= baseline,
                 timeout=15,

@@ -30,16 +30,18 @@ PADDING = "lorem ipsum " * 200  # input text the console shows with console.show
 
 
 def sockets_of(pid: int) -> int:
+    """The sockets process `pid` holds open now (its descriptors in /proc)."""
     count = 0
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
             count += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
         except FileNotFoundError:
-            continue
+            continue  # closed while we looked
     return count
 
 
 def stuck_page(port: int) -> socket.socket:
+    """A console page that asks for the feed and never reads a byte of it."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", port))
@@ -48,6 +50,8 @@ def stuck_page(port: int) -> socket.socket:
 
 
 async def turns(base: str, n: int, parallel: int = 4) -> None:
+    """`n` turns over POST /v1/responses, `parallel` at a time; the client's connections
+    closed after."""
     body = {"model": "sim", "input": PADDING, "store": False}
     gate = asyncio.Semaphore(parallel)
     async with aiohttp.ClientSession() as http:
