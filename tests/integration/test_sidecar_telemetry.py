@@ -10,10 +10,6 @@ context is passed on; and off, the sidecar imports nothing of OpenTelemetry."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import subprocess
-import sys
 import textwrap
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,8 +17,8 @@ from typing import Any
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from wsmode.ops.telemetry import tracing_of
 
-from tests.support.helpers import Proxy, Sidecar, Sim, seconds, user
-from tests.support.otlp import Received, received_until
+from tests.support.helpers import Proxy, Sidecar, Sim, user
+from tests.support.otlp import Received, assert_off_exports_nothing, received_until
 
 TRACE_ID = "5b8efff798038103d269b633813fc60c"
 CLIENT_SPANS = ("eee19b7ec3c1b174", "eee19b7ec3c1b175", "eee19b7ec3c1b176")
@@ -207,15 +203,4 @@ OFF = textwrap.dedent(
 async def test_off_the_sidecar_imports_and_exports_nothing(otlp: Received) -> None:
     """The sidecar and the proxy with its built-in simulated model, in one process, both
     off by the setting though the standard variable names a receiver."""
-    env = {
-        **os.environ,
-        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url.removesuffix("/v1/traces"),
-        "WSMODE_TELEMETRY_ENABLED": "false",
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", OFF, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), seconds(60))
-    assert proc.returncode == 0, err.decode()[-2000:]
-    assert b"loaded: []" in out
-    assert otlp.spans == []
+    await assert_off_exports_nothing(OFF, otlp)

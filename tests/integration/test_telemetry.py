@@ -6,10 +6,6 @@ test_telemetry_children.py; the sidecar's spans in test_sidecar_telemetry.py."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import subprocess
-import sys
 import textwrap
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,8 +14,8 @@ import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from wsmode.ops.telemetry import tracing_of
 
-from tests.support.helpers import Proxy, Sim, sdk_terminal, seconds
-from tests.support.otlp import Received
+from tests.support.helpers import Proxy, Sim, sdk_terminal
+from tests.support.otlp import Received, assert_off_exports_nothing
 from tests.support.otlp import exported as otlp_exported
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -218,15 +214,4 @@ async def test_off_imports_and_exports_nothing(otlp: Received) -> None:
     """Off by the setting, though the standard variable names a receiver: the proxy (and
     its built-in simulated model) serve an HTTP and a WebSocket turn, and no opentelemetry
     module was ever imported; the receiver got nothing."""
-    env = {
-        **os.environ,
-        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url.removesuffix("/v1/traces"),
-        "WSMODE_TELEMETRY_ENABLED": "false",
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", OFF, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), seconds(60))
-    assert proc.returncode == 0, err.decode()[-2000:]
-    assert b"loaded: []" in out
-    assert otlp.spans == []
+    await assert_off_exports_nothing(OFF, otlp)

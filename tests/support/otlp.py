@@ -6,6 +6,9 @@ of an app, once its exporter has sent them."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.support.helpers import until
+from tests.support.helpers import seconds, until
 
 
 def value(v: AnyValue) -> Any:
@@ -90,3 +93,21 @@ async def received_until(
 
     await until(held, timeout, every=0.05, message="the spans never arrived")
     return got
+
+
+async def assert_off_exports_nothing(script: str, otlp: Received) -> None:
+    """Run `script` (which prints `loaded: [...]`, the opentelemetry modules it imported) in
+    a fresh interpreter with tracing off by the setting, though the standard variable names
+    `otlp` as the receiver: nothing imported, nothing received."""
+    env = {
+        **os.environ,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url.removesuffix("/v1/traces"),
+        "WSMODE_TELEMETRY_ENABLED": "false",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), seconds(60))
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert b"loaded: []" in out
+    assert otlp.spans == []
