@@ -64,10 +64,19 @@ from .core.events import (
 from .core.session import Session
 from .core.store import AsyncStore, StoreUnavailable
 from .ops.tracking import RunTrace, RunTracker
-from .upstream.runner import Runner
+from .upstream.runner import Report, Runner
 from .upstream.tokenizer import TokenizeWorker
 
 compaction_log = logging.getLogger("wsmode.compaction")
+
+
+def first_event_end(chunk: bytes) -> int:
+    """Where the first server-sent event of `chunk` ends (past its blank line, LF line ends),
+    or 0 when no whole event is followed by more bytes. Any cut is safe: the session's SSE
+    decoder takes chunks split anywhere. This one only lets a client's first event be
+    written before the rest of its chunk is translated."""
+    end = chunk.find(b"\n\n") + 2
+    return end if 1 < end < len(chunk) else 0
 
 
 class Leave(enum.IntEnum):
@@ -215,21 +224,38 @@ class Executor:
         them."""
         run_id = start.run_id
         trace = self.tracker.start(start)
+        first = True  # no chunk of the answer read yet
         async with self.runner.call(start, trace) as call:
             async for report in call:
                 if isinstance(report, UpstreamFailed):
                     trace.failed(report.error)
-                # the time to first event is the upstream's events', not an error's
-                self._relaying = trace if isinstance(report, UpstreamChunk) else None
-                try:
-                    leave = await self.handle(report, run_id)
-                finally:
-                    self._relaying = None
-                if leave is Leave.CLOSE or self.front.leaving():
-                    call.abandon()
-                    return
-                if leave is Leave.DRAIN:
-                    return
+                if first and isinstance(report, UpstreamChunk):
+                    # the first event goes to the client before the rest of its chunk is
+                    # translated (an upstream that answers at once sends the whole answer
+                    # in one chunk): the client's time to first event is one event's work
+                    first = False
+                    if cut := first_event_end(report.data):
+                        head = UpstreamChunk(run_id, report.data[:cut])
+                        leave = await self._report(head, run_id, trace)
+                        if leave is not Leave.STAY or self.front.leaving():
+                            break
+                        report = UpstreamChunk(run_id, report.data[cut:])
+                leave = await self._report(report, run_id, trace)
+                if leave is not Leave.STAY or self.front.leaving():
+                    break
+            else:
+                return
+            if leave is Leave.CLOSE or self.front.leaving():
+                call.abandon()
+
+    async def _report(self, report: Report, run_id: int, trace: RunTrace) -> Leave:
+        """One event of a run's upstream request to the session, and its actions executed."""
+        # the time to first event is the upstream's events', not an error's
+        self._relaying = trace if isinstance(report, UpstreamChunk) else None
+        try:
+            return await self.handle(report, run_id)
+        finally:
+            self._relaying = None
 
     async def summarise(self, action: Summarise) -> None:
         """A compaction's summarising request; its result back to the session."""
