@@ -9,14 +9,17 @@ route templates rather than paths.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Iterable
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from ..core.tokens.chain import DIVERGENCES
 
@@ -87,6 +90,107 @@ class LoopCounter:
         yield family
 
 
+class LoopCounters:
+    """A labelled counter that only the event loop's thread updates (`labels(...).inc()`, as
+    prometheus_client's): plain numbers per label set, read when /metrics is scraped. Its
+    `Counter` takes a lock for every `inc`, and these count every turn. Exposed exactly as a
+    labelled `Counter` is."""
+
+    def __init__(
+        self, name: str, documentation: str, labels: Sequence[str], registry: CollectorRegistry
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labels)
+        self._children: dict[tuple[str, ...], _LoopCount] = {}
+        registry.register(_StateCollector(self._collect))
+
+    def labels(self, *values: str) -> _LoopCount:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = _LoopCount()
+        return child
+
+    def _collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, child in self._children.items():
+            family.add_metric(values, child.value, created=child.created)
+        yield family
+
+    def collect(self) -> Iterable[Metric]:
+        return self._collect()
+
+
+class _LoopCount:
+    __slots__ = ("created", "value")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.created = time.time()
+
+    def inc(self, amount: float = 1) -> None:
+        self.value += amount
+
+
+class LoopHistogram:
+    """A labelled histogram that only the event loop's thread updates: per label set, a count
+    per bucket and a sum, plain numbers. prometheus_client's `Histogram` takes two locks per
+    `observe`, and six are observed every turn. Exposed exactly as its histograms are
+    (`NAME_bucket{le=...}` cumulative, `NAME_count`, `NAME_sum`, `NAME_created`)."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labels: Sequence[str],
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labels)
+        self.bounds = (*sorted(float(b) for b in buckets), math.inf)
+        # the `le` labels as prometheus_client writes them ("0.005", "1.0", "+Inf")
+        self._le = tuple(cast(Callable[[float], str], floatToGoString)(b) for b in self.bounds)
+        self._children: dict[tuple[str, ...], _LoopBuckets] = {}
+        registry.register(_StateCollector(self._collect))
+
+    def labels(self, *values: str) -> _LoopBuckets:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = _LoopBuckets(self.bounds)
+        return child
+
+    def _collect(self) -> Iterable[Metric]:
+        family = Metric(self.name, self.documentation, "histogram")
+        for values, child in self._children.items():
+            labels = dict(zip(self.labelnames, values, strict=True))
+            total = 0
+            for le_value, count in zip(self._le, child.counts, strict=True):
+                total += count
+                le = {**labels, "le": le_value}
+                family.add_sample(self.name + "_bucket", le, float(total))
+            family.add_sample(self.name + "_count", labels, float(total))
+            family.add_sample(self.name + "_sum", labels, child.sum)
+            family.add_sample(self.name + "_created", labels, child.created)
+        yield family
+
+
+class _LoopBuckets:
+    __slots__ = ("bounds", "counts", "created", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, value: float) -> None:
+        # the first bucket whose upper bound is at least `value` (`le`, less or equal)
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+
 _Family = TypeVar("_Family", bound=MetricWrapperBase)
 
 
@@ -109,13 +213,14 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        self.responses = Counter(
+        # counted and observed every turn: the loop's own, without prometheus_client's locks
+        self.responses = LoopCounters(
             "wsmode_responses",
             "Responses ended, by outcome and upstream dialect.",
             ["outcome", "dialect"],
             registry=r,
         )
-        self.first_event = Histogram(
+        self.first_event = LoopHistogram(
             "wsmode_time_to_first_event_seconds",
             "From a create arriving to its first event sent: total, upstream (request sent to "
             "first upstream byte) and proxy (the rest: queueing, rebuilding, writing).",
@@ -123,7 +228,7 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.duration = Histogram(
+        self.duration = LoopHistogram(
             "wsmode_response_duration_seconds",
             "From a create arriving to its terminal event sent: total, upstream (request sent "
             "to last upstream byte) and proxy (the rest).",
@@ -189,7 +294,7 @@ class Metrics:
             ["route", "method", "status"],
             registry=r,
         )
-        self.upstream_tokens = Counter(
+        self.upstream_tokens = LoopCounters(
             "wsmode_upstream_replica_tokens",
             "Prompt tokens of finished turns by upstream replica: every one (prompt) and "
             "those the upstream reported served from its cache (cached).",

@@ -202,15 +202,15 @@ class RunTracker:
         """The run ended, and its last events have been written to the client."""
         m = self.metrics
         outcome = action.outcome.value  # the label and record keep the plain strings
-        m.labelled(m.responses, outcome, self.dialect).inc()
+        m.responses.labels(outcome, self.dialect).inc()
         if action.refused is not None:
             m.input_refusals.labels(action.refused).inc()
         if action.replica is not None and action.usage is not None:
             prompt = action.usage.get("input_tokens")
             if type(prompt) is int and prompt >= 0:  # a JSON integer (bool is not)
-                m.labelled(m.upstream_tokens, action.replica, "prompt").inc(prompt)
+                m.upstream_tokens.labels(action.replica, "prompt").inc(prompt)
             if action.cached_tokens is not None:
-                m.labelled(m.upstream_tokens, action.replica, "cached").inc(action.cached_tokens)
+                m.upstream_tokens.labels(action.replica, "cached").inc(action.cached_tokens)
         if action.tokens is not None:
             m.prompt_ids.labels("reused").inc(action.tokens.reused)
             m.prompt_ids.labels("tokenized").inc(action.tokens.new)
@@ -234,14 +234,14 @@ class RunTracker:
             up_first = (trace.upstream_first or now) - trace.upstream_start
             if trace.first_sent is not None:
                 total_first = trace.first_sent - trace.received
-                m.labelled(m.first_event, "total").observe(total_first)
-                m.labelled(m.first_event, "upstream").observe(up_first)
-                m.labelled(m.first_event, "proxy").observe(max(0.0, total_first - up_first))
+                m.first_event.labels("total").observe(total_first)
+                m.first_event.labels("upstream").observe(up_first)
+                m.first_event.labels("proxy").observe(max(0.0, total_first - up_first))
             total = now - trace.received
             up = (trace.upstream_last or now) - trace.upstream_start
-            m.labelled(m.duration, "total").observe(total)
-            m.labelled(m.duration, "upstream").observe(up)
-            m.labelled(m.duration, "proxy").observe(max(0.0, total - up))
+            m.duration.labels("total").observe(total)
+            m.duration.labels("upstream").observe(up)
+            m.duration.labels("proxy").observe(max(0.0, total - up))
         if trace is not None and trace.span is not None:
             trace.span.finish(
                 action,
