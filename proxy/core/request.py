@@ -126,11 +126,12 @@ def parse_create(body: dict[str, Any], *, socket: bool = True, nbytes: int = 0) 
     """Validate a `response.create` message (`socket`), or the body of a plain HTTP
     `POST /v1/responses`, where `stream_id` means nothing and is ignored. `nbytes`: the
     size of the message."""
-    for name, (types, expected) in _TYPES.items():
-        if name in body and not isinstance(body[name], types):
-            raise wrong_type(name, expected)
-        if name in body and isinstance(body[name], bool) and bool not in types:
-            raise wrong_type(name, expected)  # True is an int in Python, not in JSON
+    for name, value in body.items():  # the fields it has: a few of the ones typed
+        spec = _TYPES.get(name)
+        if spec is not None and not isinstance(value, spec[0]):
+            raise wrong_type(name, spec[1])
+        if spec is not None and value.__class__ is bool and bool not in spec[0]:
+            raise wrong_type(name, spec[1])  # True is an int in Python, not in JSON
     lane = check_stream_id(body.get("stream_id")) if socket else None
     if body.get("background"):
         raise invalid(
