@@ -137,6 +137,9 @@ class ClientConnection:
                         task.cancel()
                     if self._drain_task is not None and not self.ws.closed:
                         self._drain_task.cancel()  # still waiting; a closing one finishes
+                    # the group takes no task from here (a drain begun now has nothing to
+                    # wait for: the client is gone)
+                    self.tg = None
         except Exception:
             self.ops.metrics.errors.inc()
             log.exception("connection %s failed: internal error", self.id)
@@ -259,9 +262,10 @@ class ClientConnection:
 
     def start(self, run_id: int, work: Callable[[], Awaitable[None]]) -> None:
         """A run's upstream work runs in a task of its own: the reader goes on (other
-        lanes), and a cancel or the client leaving cancels it."""
-        assert self.tg is not None
-        self.work[run_id] = self.tg.create_task(self._work(run_id, work))
+        lanes), and a cancel or the client leaving cancels it. Once the client is gone
+        (no group), there is nothing to run it for."""
+        if self.tg is not None:
+            self.work[run_id] = self.tg.create_task(self._work(run_id, work))
 
     def cancel(self, run_id: int) -> None:
         task = self.work.pop(run_id, None)

@@ -219,6 +219,22 @@ async def test_drain_in_process_metrics(proxy: Proxy) -> None:
     assert sample(m, "wsmode_draining") == 1
 
 
+async def test_a_drain_that_reaches_a_closing_connection_goes_on(proxy: Proxy) -> None:
+    """A SIGTERM can fall between a connection's reader ending (its client left, its task
+    group finished) and the connection leaving the registry: the drain must pass over it,
+    not fail on it (it raised "TaskGroup ... is finished" out of the server's drain)."""
+    ops = proxy.served.runner.app[OPS]
+    async with connect(proxy.ws) as ws:
+        await send(ws, create(input="x"))
+        await until_terminal(ws)
+        (conn,) = list(ops.connections)
+    await until(lambda: not ops.connections)
+    ops.connections[conn] = None  # still listed, as in that window
+    ops.begin_drain()
+    ops.unregister(conn)
+    assert await ops.wait_drained(seconds(5))
+
+
 def test_every_setting_is_a_flag() -> None:
     import os
     import sys
