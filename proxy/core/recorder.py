@@ -157,8 +157,12 @@ def _held(run: Run) -> int:
     settings, estimated from their JSON, and the text it leaves unmoderated (its own: the
     rest is its parent's)."""
     unseen = run.moderation
-    own = unseen.own if isinstance(unseen, Unseen) else (unseen or ())
-    return SETTINGS_FACTOR * run.req.settings_bytes + sum(len(text) for text in own)
+    held = SETTINGS_FACTOR * run.req.settings_bytes
+    if not unseen:  # no moderation (the usual turn): no text of its own held
+        return held
+    # `type` rather than `isinstance`: `Unseen` is a `Collection`, whose check is slow
+    own = unseen.own if type(unseen) is Unseen else unseen
+    return held + sum(len(text) for text in own)
 
 
 __all__ = ["PROXY_MADE", "Recorder"]
