@@ -80,9 +80,15 @@ async def texts(where: Page | Locator, selector: str) -> list[str]:
 
 
 async def attributes(where: Page | Locator, selector: str, name: str) -> list[str]:
-    """The attribute `name` of every element `selector` finds, in document order."""
+    """The attribute `name` of every element `selector` finds, in document order.
+
+    Read in one script run, so the page cannot redraw between two elements (the replica
+    charts gain a sample every second; read one element at a time, a sample could land
+    between the first polyline and the last).
+    """
     found = where.locator(selector)
-    return [str(await found.nth(i).get_attribute(name)) for i in range(await found.count())]
+    script = "(els, name) => els.map((e) => String(e.getAttribute(name)))"
+    return [str(v) for v in await found.evaluate_all(script, name)]
 
 
 async def svg_texts(where: Page | Locator, selector: str) -> list[str]:
