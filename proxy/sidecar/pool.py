@@ -28,7 +28,8 @@ import aiohttp
 
 from ..config import SidecarSettings
 from ..core.urls import redact_url
-from ..upstream.client import RedirectRefused, describe, refuse_redirects
+from ..upstream.client import RedirectRefused, refuse_redirects
+from ..upstream.failures import describe
 
 log = logging.getLogger("wsmode.sidecar")
 

@@ -1,8 +1,8 @@
 """The HTTP client for the model server: one pooled aiohttp session per app.
 
 Timeouts are connect and read-idle only: a long generation is fine as long as bytes keep
-coming. Bodies are read as raw chunks (`iter_any`) into our own SSE decoder, because
-aiohttp's line reader fails on lines over 128 KiB. Foreign exceptions become `UpstreamError`
+coming. Bodies are read as raw chunks into our own SSE decoder, because aiohttp's line
+reader fails on lines over 128 KiB. Foreign exceptions become `UpstreamError`
 here, at the boundary, so the core never sees an aiohttp type.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import os
 from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
 
@@ -25,6 +24,7 @@ from ..core.urls import ROOT, redact_url, server_root, without_userinfo
 from ..logs import request_id_var
 from ..telemetry.context import ON, OUTGOING
 from .connector import CheckedConnector
+from .failures import describe, sent_then_closed
 
 log = logging.getLogger("wsmode.upstream")
 
@@ -63,45 +63,6 @@ class ConnectFailed(UpstreamError):
     """No connection to the upstream could be opened (refused, name not resolved, connect
     timeout): nothing of the request was sent, so another replica may take it
     (upstream/pool.py)."""
-
-
-def describe(exc: BaseException) -> str:
-    """A network failure in a user's words ("connection refused", "name not resolved"),
-    never an aiohttp class name."""
-    if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return "name not resolved"
-    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
-        return "its TLS certificate is not trusted"
-    if isinstance(exc, aiohttp.ClientSSLError):
-        return "the TLS handshake failed"
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "the server closed the connection"
-    if isinstance(exc, aiohttp.ClientPayloadError):
-        return "the answer's body was cut short"
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        exc = exc.os_error
-    if isinstance(exc, OSError) and exc.errno:
-        return os.strerror(exc.errno).lower()
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror.lower()
-    if isinstance(exc, ValueError):  # aiohttp would not build the request (a header value)
-        return f"the request could not be made: {exc}"
-    return "network error"
-
-
-def sent_then_closed(exc: BaseException) -> bool:
-    """The connection failed once the request was on it (closed, reset), not while
-    connecting: the server may have read the request."""
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return False
-    return isinstance(
-        exc,
-        aiohttp.ServerDisconnectedError
-        | aiohttp.ClientOSError
-        | aiohttp.ClientConnectionResetError,
-    )
 
 
 def overloaded(message: str) -> UpstreamError:
@@ -172,31 +133,66 @@ def split_credentials(url: str) -> tuple[str, str | None]:
 
 class _Chunks:
     """The raw chunks of an answer's body, a network failure raised as `UpstreamError`.
-    A class, not an async generator: a run leaves it at its terminal event, unfinished, and
-    asyncio finalizes such a generator with a wake-up of the loop through its self-pipe
-    (two system calls and a loop iteration per turn)."""
+    A class, not an async generator: asyncio finalizes an unfinished generator (a run
+    leaves at its terminal event) with a wake-up of the loop through its self-pipe.
+
+    `silence` (`upstream.read_timeout`) bounds the wait for each next chunk with one timer
+    per answer, which fails a read waiting that long with aiohttp's timeout error. aiohttp's
+    own bound (`sock_read`, which guards the wait for the headers) re-arms a timer on every
+    socket read: once the headers are in, it is off for this answer."""
 
     def __init__(
         self,
         resp: aiohttp.ClientResponse,
         translate: Callable[[BaseException, bool], UpstreamError],
+        silence: float | None,
     ) -> None:
+        self._content = resp.content
         self._read = resp.content.readany
         self._translate = translate
+        self._silence = silence or 0.0
+        self._waiting_since = 0.0  # when the pending read began; 0.0 when none is
+        self._timer: asyncio.TimerHandle | None = None
+        protocol = resp.connection.protocol if resp.connection is not None else None
+        if self._silence and protocol is not None:
+            protocol.read_timeout = None  # its armed timer goes at the next read or the end
+            self._loop = asyncio.get_running_loop()
+            self._timer = self._loop.call_later(self._silence, self._check)
 
     def __aiter__(self) -> _Chunks:
         return self
 
     async def __anext__(self) -> bytes:
+        if self._timer is not None:
+            self._waiting_since = self._loop.time()
         try:
             chunk = await self._read()
         except EofStream:
             raise StopAsyncIteration from None
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise self._translate(exc, True) from exc
+        finally:
+            self._waiting_since = 0.0
         if not chunk:
             raise StopAsyncIteration
         return chunk
+
+    def _check(self) -> None:
+        since, now = self._waiting_since, self._loop.time()
+        if since and now - since >= self._silence:
+            self._timer = None
+            self._content.set_exception(
+                aiohttp.SocketTimeoutError("Timeout on reading data from socket")
+            )
+            return
+        due = since + self._silence - now if since else self._silence
+        self._timer = self._loop.call_later(due, self._check)
+
+    def close(self) -> None:
+        """Stop the timer (the answer ended or was left)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 def request_body(pieces: list[bytes]) -> bytes:
@@ -358,10 +354,12 @@ class UpstreamClient:
                 except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                     raise self._translate(exc, started=False, base=base) from exc
                 complete = False
+                chunks = _Chunks(resp, self._translate, self.settings.read_timeout)
                 try:
-                    yield self._chunks(resp)
+                    yield chunks
                     complete = await self._drain(resp)
                 finally:
+                    chunks.close()
                     if complete:
                         resp.release()
                     else:
@@ -440,9 +438,6 @@ class UpstreamClient:
         message = f"cannot reach the upstream at {shown} ({reason})"
         kind = ConnectFailed if isinstance(exc, aiohttp.ClientConnectorError) else UpstreamError
         return kind(message, status=502, code="upstream_unavailable")
-
-    def _chunks(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-        return _Chunks(resp, self._translate)
 
     async def _error_body(self, resp: aiohttp.ClientResponse) -> bytes:
         limit = self.settings.max_error_body_bytes

@@ -19,7 +19,8 @@ from yarl import URL
 from ..core import wire
 from ..core.errors import UpstreamError, upstream_redirect
 from ..core.urls import has_dot_segment, redact_url, request_target
-from .client import RedirectRefused, UpstreamClient, UpstreamGate, describe
+from .client import RedirectRefused, UpstreamClient, UpstreamGate
+from .failures import describe
 
 log = logging.getLogger("wsmode.http")
 

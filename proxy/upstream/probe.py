@@ -18,7 +18,8 @@ import aiohttp
 
 from ..core.dialects.auto import REFUSED, AutoDialect
 from ..core.urls import redact_url
-from .client import UpstreamClient, describe
+from .client import UpstreamClient
+from .failures import describe
 
 log = logging.getLogger("wsmode.upstream")
 

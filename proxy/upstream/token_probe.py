@@ -41,7 +41,8 @@ from ..core.tokens.sglang import SglangEngine
 from ..core.tokens.template import ChatTemplate, TemplateFailed
 from ..core.tokens.vllm import VllmEngine
 from ..core.urls import redact_url, server_root
-from .client import UpstreamClient, describe
+from .client import UpstreamClient
+from .failures import describe
 from .harmony_vocab import HarmonyUnavailable, harmony_encoding
 
 PROBE_TIMEOUT = 5.0  # seconds per request of the probe

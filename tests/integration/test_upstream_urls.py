@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 from websockets.asyncio.client import connect
-from wsmode.upstream.client import describe
+from wsmode.upstream.failures import describe
 
 from tests.support.helpers import Proxy, Sidecar, Sim, create, free_port, send, until_terminal
 

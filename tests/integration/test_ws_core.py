@@ -3,6 +3,7 @@ as an independent client and the simulated model as the upstream."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -300,6 +301,61 @@ async def test_upstream_stall_hits_read_timeout(sim: Sim, proxy_factory: Any) ->
         assert err["status"] == 502 and err["error"]["code"] == "upstream_timeout"
         await send(ws, create(input="b"))
         assert (await until_terminal(ws))[-1]["type"] == "response.completed"
+
+
+async def test_a_stream_slower_than_the_read_timeout_in_all_is_not_cut(
+    sim_factory: Any, proxy_factory: Any
+) -> None:
+    # the bound is on each silence, not on the answer: 30 tokens at 20/s take 1.5 s, each
+    # gap 50 ms, against a 0.4 s bound (one timer per answer that must keep re-arming)
+    sim = await sim_factory(tokens_per_second=20, output_tokens=30)
+    proxy = await proxy_factory(sim.url, upstream__read_timeout=0.4)
+    async with connect(proxy.ws) as ws:
+        await send(ws, create(input="a"))
+        events = await until_terminal(ws)
+    assert events[-1]["type"] == "response.completed"
+    assert sum(e["type"] == "response.output_text.delta" for e in events) >= 30
+
+
+async def test_a_stall_after_paced_events_hits_the_read_timeout(
+    sim_factory: Any, proxy_factory: Any
+) -> None:
+    # the silence starts after many separate reads of the body (not with the headers' read)
+    sim = await sim_factory(tokens_per_second=40, output_tokens=30)
+    proxy = await proxy_factory(sim.url, upstream__read_timeout=0.4)
+    async with connect(proxy.ws) as ws:
+        await send(ws, create(input="a", metadata={"sim_fault": "stall:12"}))
+        events = await until_terminal(ws, timeout=5)
+        assert 0 < sum(e["type"] == "response.output_text.delta" for e in events) < 30
+        assert events[-1]["type"] == "response.failed"
+        err = await recv(ws)
+        assert err["status"] == 502 and err["error"]["code"] == "upstream_timeout"
+
+
+async def test_an_upstream_that_never_answers_hits_the_read_timeout(proxy_factory: Any) -> None:
+    # a model server that reads the request and never sends its headers
+    taken: list[bytes] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        taken.append(await reader.read(65536))
+        await reader.read()  # until wsmode gives up and closes
+        writer.close()
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        proxy = await proxy_factory(f"http://127.0.0.1:{port}/v1", upstream__read_timeout=0.3)
+        async with connect(proxy.ws) as ws:
+            await send(ws, create(input="a"))
+            events = await until_terminal(ws)
+        assert events[-1]["type"] == "error"
+        assert events[-1]["status"] == 504
+        assert events[-1]["error"]["code"] == "upstream_timeout"
+        assert "did not answer within 0.3s" in events[-1]["error"]["message"]
+        assert [t for t in taken if t.startswith(b"POST /v1/responses")]
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 async def test_client_vanishing_cancels_upstream(sim_factory: Any, proxy_factory: Any) -> None:
