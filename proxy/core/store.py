@@ -29,6 +29,14 @@ walks that tree down; what it removed leaves a tombstone for `ttl_seconds`, so a
 still holds the deleted conversation in its own cache cannot store it again (a write that
 continues a tombstone is `DELETED`, not stored) and its id is not given out again. Both
 stores do it the same way (the Redis one in its scripts, proxy/ops/redis_scripts.py).
+
+A write the store did not make (dropped, or refused as continuing a deleted response) is
+remembered, bounded, with the stored responses its own was to be registered under
+(`LostWrites`): a response that continues it is registered under the nearest of those that
+is stored, so a delete of that one reaches it, as it reaches the lost one's place in the
+chain. Only this process knows of its lost writes, and only this process can continue
+them: a response that was not stored is continued only from the cache of the connection
+that made it.
 """
 
 from __future__ import annotations
@@ -116,6 +124,37 @@ class AsyncStore(Protocol):
     async def reachable(self) -> bool: ...
 
 
+class LostWrites:
+    """The ids a store did not write, each with the stored responses (nearest first) that a
+    response continuing it is to be registered under instead (the module's doc). Bounded:
+    the oldest are forgotten first; a response continuing a forgotten one is registered
+    under nothing, as before a store remembered them."""
+
+    __slots__ = ("_bound", "_unders")
+
+    DEPTH = 8  # candidates kept per lost write: one each for writes whose outcome is unknown
+
+    def __init__(self, bound: int) -> None:
+        self._unders: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self._bound = max(1, bound)
+
+    def __len__(self) -> int:
+        return len(self._unders)
+
+    def note(self, key: str, unders: tuple[str, ...]) -> None:
+        """`key`'s write was not made; what continues it goes under `unders`."""
+        self._unders[key] = unders[: self.DEPTH]
+        self._unders.move_to_end(key)
+        while len(self._unders) > self._bound:
+            self._unders.popitem(last=False)
+
+    def after(self, key: str, rid: str) -> tuple[str, ...]:
+        """Where a response continuing `rid` (whose store key is `key`) is registered: under
+        `rid` itself, unless its write was lost. One look-up, never a walk: what a lost
+        write names was resolved when it was noted."""
+        return self._unders.get(key, (rid,))
+
+
 class MemoryStore:
     """The in-process store. Besides the entries: the tree of which stored response each is
     registered under (`_up`, `_kids`: the module's "Deleting"; an entry the cache lets go
@@ -141,6 +180,7 @@ class MemoryStore:
         self._kids: dict[str, set[str]] = {}
         self._tombs: OrderedDict[str, float] = OrderedDict()  # deleted keys, by expiry
         self._max_tombs = max(1, max_entries)
+        self._lost = LostWrites(max_entries)
         self._ttl = ttl_seconds
         self._clock = clock
         self._cache.on_evict = self._forget
@@ -171,10 +211,13 @@ class MemoryStore:
         if key in self._meta or key in self._tombs:
             return WriteResult.EXISTS
         under = stored.under
-        up = self._key(under, owner) if under is not None else None
-        if up in self._tombs:
+        unders = () if under is None else self._lost.after(self._key(under, owner), under)
+        ups = [self._key(u, owner) for u in unders]
+        if any(up in self._tombs for up in ups):
+            self._lost.note(key, unders)
             return WriteResult.DELETED
-        if up in self._meta:  # before the put: if the put evicts `up`, `key` moves up with it
+        # the nearest stored; before the put: if the put evicts it, `key` moves up with it
+        if (up := next((up for up in ups if up in self._meta), None)) is not None:
             self._up[key] = up
             self._kids.setdefault(up, set()).add(key)
         # its call index and all; charged its record and its response object too
@@ -182,6 +225,7 @@ class MemoryStore:
         keyed = replace(stored.entry, id=key, held=held)
         if not self._cache.put(keyed):
             self._forget(key)
+            self._lost.note(key, unders)
             return WriteResult.DROPPED
         self._meta[key] = stored
         self._expiry[key] = self._clock() + self._ttl

@@ -50,7 +50,8 @@ return {}
 WRITE = """#!lua
 -- KEYS[1]: the new response; ARGV: the record prefix, the shared-value prefix, the renewed
 -- TTL in ms, ttl_seconds in ms, the deepest chain, the longest walk, the new id, its parent's
--- id ('' none), the id it is registered under ('' none), segment, meta, response object,
+-- id ('' none), the ids it may be registered under, nearest first, one a line ('' none: it
+-- goes under the first that Redis holds), segment, meta, response object,
 -- then a (hash, value) pair per value it shares (value '' when the writer believes Redis
 -- holds it already).
 -- Returns 'ok', or with nothing changed: 'exists' (the id is taken, by a record or a
@@ -62,10 +63,13 @@ WRITE = """#!lua
 -- A shared value's expiry is raised to the latest of its records'.
 local key, prefix, bprefix = KEYS[1], ARGV[1], ARGV[2]
 local renew, least = tonumber(ARGV[3]), tonumber(ARGV[4])
-local rid, parent, under = ARGV[7], ARGV[8], ARGV[9]
+local rid, parent = ARGV[7], ARGV[8]
 if redis.call('EXISTS', key) == 1 then return 'exists' end
-local ukey = prefix .. under
-if under ~= '' and redis.call('HEXISTS', ukey, 'd') == 1 then return 'deleted' end
+local unders = {}
+for u in string.gmatch(ARGV[9], '[^\\n]+') do
+  if redis.call('HEXISTS', prefix .. u, 'd') == 1 then return 'deleted' end
+  unders[#unders + 1] = prefix .. u
+end
 local depth, expiry, walk = 1, renew, false
 if parent ~= '' then
   local pkey = prefix .. parent
@@ -105,8 +109,11 @@ end
 redis.call('HSET', key, 'p', parent, 's', ARGV[10], 'm', ARGV[11], 'r', ARGV[12], 'n', depth,
   'b', table.concat(refs, ' '))
 redis.call('PEXPIRE', key, expiry)
-if under ~= '' and redis.call('EXISTS', ukey) == 1 then
-  redis.call('HSET', ukey, '>' .. rid, '')
+for _, ukey in ipairs(unders) do
+  if redis.call('EXISTS', ukey) == 1 then
+    redis.call('HSET', ukey, '>' .. rid, '')
+    break
+  end
 end
 for i = 13, #ARGV, 2 do
   local bkey = bprefix .. ARGV[i]

@@ -51,7 +51,10 @@ links; the client sees nothing of it.
 
 The process remembers which shared values it wrote (`KNOWN_VALUES` of them, most recent
 first) and sends only their hash; a write that finds one gone (`no_blob`) is sent again with
-the bytes.
+the bytes. It also remembers the writes it did not make (`LOST_WRITES` of them): a response
+continuing one is registered under the nearest stored response before it (core/store.py
+"Deleting"), the write script taking the first of the candidates it is sent that Redis
+holds (after a timeout the lost one itself comes first: it may have been written).
 
 Every call is bounded by `store.redis_timeout`. A write that fails is given up and counted
 (`wsmode_store_writes_dropped_total{reason}`: "unavailable" when Redis refused or failed it,
@@ -71,7 +74,7 @@ from typing import Any, TypeVar
 
 from lru import LRU
 
-from ..core.store import StoredResponse, StoreUnavailable, WriteResult
+from ..core.store import LostWrites, StoredResponse, StoreUnavailable, WriteResult
 from .metrics import Metrics
 from .redis_records import decode, encode
 from .redis_scripts import DELETE, READ, WRITE
@@ -84,6 +87,7 @@ MAX_CHAIN = 1_000_000  # links a read or write walks at most (a chain is never t
 MAX_DEPTH = 10_000  # links a stored chain has at most: the next write starts a chain afresh
 DELETE_BATCH = 1_000  # responses one round trip of a DELETE deletes at most
 KNOWN_VALUES = 4_096  # shared values this process remembers having written
+LOST_WRITES = 4_096  # writes not made that this process remembers (core/store.py "Deleting")
 
 
 class RedisStore:
@@ -107,6 +111,7 @@ class RedisStore:
         self._write: Any = None
         self._delete: Any = None
         self._known: Any = LRU(KNOWN_VALUES)  # shared-value keys written: sent as a hash only
+        self._lost = LostWrites(LOST_WRITES)  # writes not made here (core/store.py "Deleting")
 
     async def start(self) -> None:
         # the optional extra, imported only here: config.py checked that it is installed
@@ -176,10 +181,12 @@ class RedisStore:
 
     async def save(self, stored: StoredResponse, owner: str) -> WriteResult:
         key = self.prefix(owner) + stored.entry.id
+        under = stored.under  # registered under the nearest stored (core/store.py "Deleting")
+        unders = () if under is None else self._lost.after(self.prefix(owner) + under, under)
         resend = fresh = False
         try:
             for _ in range(3):  # each retry at most once
-                result = await self._put(key, owner, stored, resend)
+                result = await self._put(key, owner, stored, unders, resend)
                 if result == "no_blob" and not resend:  # a value it shares went: send it
                     resend = True
                 elif result in ("no_parent", "too_deep") and not fresh:
@@ -191,6 +198,8 @@ class RedisStore:
         except StoreUnavailable as exc:  # a timeout: the script may have run all the same
             reason = "unknown" if exc.timed_out else "full" if exc.full else "unavailable"
             self.metrics.store_writes_dropped.labels(reason).inc()
+            # maybe written (a timeout): what continues it goes under it if it is there
+            self._lost.note(key, (stored.entry.id, *unders) if exc.timed_out else unders)
             return WriteResult.DROPPED
         if result == "exists":  # the same answer as the in-process store's: the run fails
             self.metrics.store_writes_dropped.labels("exists").inc()
@@ -198,14 +207,18 @@ class RedisStore:
             return WriteResult.EXISTS
         if result == "deleted":  # it continues a deleted response: never stored again
             self.metrics.store_writes_dropped.labels("deleted").inc()
+            self._lost.note(key, unders)
             return WriteResult.DELETED
         if result != "ok":  # not the script's answer: never taken for a write that happened
             self.metrics.store_writes_dropped.labels("unavailable").inc()
             log.error("store: write of %s answered %r", key, result)
+            self._lost.note(key, unders)
             return WriteResult.DROPPED
         return WriteResult.STORED
 
-    async def _put(self, key: str, owner: str, stored: StoredResponse, resend: bool) -> str:
+    async def _put(
+        self, key: str, owner: str, stored: StoredResponse, unders: tuple[str, ...], resend: bool
+    ) -> str:
         """The write script's answer, as text whatever form the client hands it in (bytes,
         or str with `decode_responses` in the URL): one of the WRITE script's."""
         record = encode(stored)
@@ -215,7 +228,7 @@ class RedisStore:
             pairs += (h, b"" if not resend and shared + h in self._known else raw)
         args = (
             *(self.prefix(owner), shared, self.renew_ms, self.ttl_ms, MAX_DEPTH, MAX_CHAIN),
-            *(stored.entry.id, record.parent, stored.under or ""),
+            *(stored.entry.id, record.parent, "\n".join(unders)),
             *(record.segment, record.meta, record.response, *pairs),
         )
         result = await self._call("write", lambda: self._write(keys=[key], args=args))

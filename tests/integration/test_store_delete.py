@@ -18,7 +18,16 @@ from websockets.asyncio.client import ClientConnection, connect
 from wsmode.core import wire
 from wsmode.core.store import MemoryStore
 
-from tests.support.helpers import Proxy, Sim, create, send, until_terminal, user
+from tests.support.helpers import (
+    Proxy,
+    Sim,
+    create,
+    sample,
+    scrape,
+    send,
+    until_terminal,
+    user,
+)
 from tests.support.redis_server import RedisServer
 
 SECRET = "the launch code is 7-alpha-niner"
@@ -123,3 +132,31 @@ async def test_a_deleted_response_and_what_continues_it_are_gone_from_the_store(
     assert await http("GET", f"{proxy.http}/responses/{r1}") == 200
     ev = await continued(proxy, r1)
     assert ev["type"] == "response.completed", ev
+
+
+async def test_a_response_stored_whole_after_a_lost_write_is_deleted_with_what_came_before(
+    sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]], redis_server: RedisServer
+) -> None:
+    """The second turn's write fails (Redis at its maxmemory refuses it), so the third is
+    stored whole, as a chain's start: it is registered under the first turn, the nearest
+    stored response before it, and a DELETE of the first takes it and its text too."""
+    proxy = await proxy_factory(sim.url, store__backend="redis", store__redis_url=redis_server.url)
+    client = redis_server.client
+    async with connect(proxy.ws) as ws:
+        r1 = await turn(ws, None, "hello")
+        client.config_set("maxmemory", "1")  # every write refused: out of memory
+        try:
+            r2 = await turn(ws, r1, "lost on the way")
+        finally:
+            client.config_set("maxmemory", "0")
+        r3 = await turn(ws, r2, SECRET)
+    metrics = await scrape(proxy)
+    assert sample(metrics, "wsmode_store_writes_dropped_total", reason="full") == 1
+    assert await http("GET", f"{proxy.http}/responses/{r2}") == 404
+    assert await http("GET", f"{proxy.http}/responses/{r3}") == 200
+    assert SECRET.encode() in everything_in_redis(client)
+    assert await http("DELETE", f"{proxy.http}/responses/{r1}") == 200
+    assert await http("GET", f"{proxy.http}/responses/{r3}") == 404
+    ev = await continued(proxy, r3)
+    assert ev["error"]["code"] == "previous_response_not_found", ev
+    assert SECRET.encode() not in everything_in_redis(client)

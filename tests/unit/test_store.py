@@ -130,3 +130,24 @@ def test_an_evicted_response_hands_its_descendants_to_its_parent() -> None:
     clock[0] = 3601.0  # the tombstones expire with the TTL: the ids are free again
     again = StoredResponse(CachedResponse("r1", None, None), b"{}", 1)
     assert store.put(again, "o") is WriteResult.STORED
+
+
+def test_a_response_after_a_dropped_write_is_deleted_with_the_nearest_stored_one() -> None:
+    # r2's write is dropped (larger than the store's bound): r3, which continues r2 and is
+    # stored whole, is registered under r1, so a DELETE of r1 reaches it
+    store = MemoryStore(100, 4_096, 3600.0, lambda: 0.0)
+    _chain(store, ("r1", None, None))
+    r1 = store.get("r1", "o")
+    assert r1 is not None
+    r2 = r1.entry.child("r2", None, Segment((b'"' + b"x" * 8_000 + b'"',)), {}, stored=True)
+    dropped = StoredResponse(r2, b"{}", 1, parent="r1", continues="r1")
+    assert store.put(dropped, "o") is WriteResult.DROPPED
+    r3 = CachedResponse("r3", None, linked([Segment((b'{"said":"r3"}',))]), stored_tip="r3")
+    assert store.put(StoredResponse(r3, b"{}", 1, parent="r2", continues="r2"), "o") is (
+        WriteResult.STORED
+    )
+    assert store.delete("r1", "o")
+    assert store.get("r3", "o") is None
+    # and what continues r3 now (from a socket's own cache) is not stored again
+    r4 = CachedResponse("r4", None, linked([Segment((b"{}",))]))
+    assert store.put(StoredResponse(r4, b"{}", 1, continues="r2"), "o") is WriteResult.DELETED
