@@ -2,8 +2,8 @@
 
 Timeouts are connect and read-idle only: a long generation is fine as long as bytes keep
 coming. Bodies are read as raw chunks into our own SSE decoder, because aiohttp's line
-reader fails on lines over 128 KiB. Foreign exceptions become `UpstreamError`
-here, at the boundary, so the core never sees an aiohttp type.
+reader fails on lines over 128 KiB. Foreign exceptions become `UpstreamError` here, at the
+boundary, so the core never sees an aiohttp type.
 """
 
 from __future__ import annotations

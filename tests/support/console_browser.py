@@ -87,8 +87,8 @@ async def attributes(where: Page | Locator, selector: str, name: str) -> list[st
     between the first polyline and the last).
     """
     found = where.locator(selector)
-    script = "(els, name) => els.map((e) => String(e.getAttribute(name)))"
-    return [str(v) for v in await found.evaluate_all(script, name)]
+    script = "(els, name) => els.map((e) => e.getAttribute(name))"
+    return [str(v) for v in await found.evaluate_all(script, name)]  # a missing one: "None"
 
 
 async def svg_texts(where: Page | Locator, selector: str) -> list[str]:
