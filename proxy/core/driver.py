@@ -14,9 +14,7 @@ scheduler starts it. In order:
 - **endings**, each in one place: the terminal event (`_finish_stream`), a failure (`_fail`),
   a refusal before the upstream was asked (`_refuse`), a steer's boundary (`_interrupt`); each
   waits in SAVING for the store's answer when the response is stored (`_after`, `_saved`),
-  and all end in `_end`.
-
-The states and their legal moves are proxy/core/runs.py's table.
+  and all end in `_end`. The states and their legal moves are proxy/core/runs.py's table.
 """
 
 from __future__ import annotations
@@ -163,16 +161,11 @@ class RunDriver:
             return False
         if run.native:
             return context.manages(run.req)
-        parent = run.parent
-        return (
-            not run.req.plain
-            or context.settings.context_window > 0
-            or (parent is not None and parent.compactions)
-        )
+        compacted = run.parent is not None and run.parent.compactions
+        return not run.req.plain or context.settings.context_window > 0 or compacted
 
     def _send_upstream(self, run: Run) -> list[Action]:
-        """The run's upstream request, or the refusal the dialect leaves (chat:
-        strict_tools, ...)."""
+        """The run's upstream request, or the dialect's refusal (chat: strict_tools, ...)."""
         try:
             start = self.planner.request(run, self.policy)
         except ClientError as err:
@@ -246,15 +239,21 @@ class RunDriver:
         # steer waiting: its frames go out as the translator returns them
         plain = not run.steers and not run.seq_offset and run.req.lane is None
         relayed: list[bytes] = []  # such frames in a row go out as one `Relay`
-        for event in events:
-            try:
-                sent = stream.feed(event)
+        i, n = 0, len(events)
+        while i < n:
+            flowing = plain and run.state is RunState.STREAMING
+            try:  # a run of ordinary events in one call, then the next one through `feed`
+                if flowing and stream.response_id == run.response_id:
+                    i = stream.relay(events, i, relayed)
+                if i == n:
+                    break
+                sent = stream.feed(events[i])
             except UpstreamError as err:
                 out += [Relay(relayed), *self._fail(run, err)] if relayed else self._fail(run, err)
                 relayed = []
                 break
-            streaming = run.state is RunState.STREAMING and stream.outcome is None
-            if plain and streaming and stream.response_id == run.response_id:
+            i += 1
+            if flowing and stream.outcome is None and stream.response_id == run.response_id:
                 relayed += sent
                 continue
             if relayed:

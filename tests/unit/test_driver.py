@@ -13,6 +13,7 @@ from wsmode.core.actions import (
 )
 from wsmode.core.errors import UpstreamError, upstream_http_error
 from wsmode.core.events import (
+    UpstreamChunk,
     UpstreamEnded,
     UpstreamFailed,
 )
@@ -25,6 +26,7 @@ from tests.support.session import (
     create,
     created,
     delta,
+    encoded,
     event_in,
     feed,
     finished,
@@ -311,6 +313,31 @@ def test_non_json_upstream_event_fails_the_response() -> None:
     feed(s, start.run_id, [created("resp_1")])
     actions = event_in(s, start.run_id, SSEEvent("response.output_text.delta", b"garbage"))
     assert [f["type"] for f in sends(actions)] == ["response.failed", "error"]
+    assert finished(actions)[0].outcome == "failed"
+
+
+def test_a_bad_event_amid_one_chunk_fails_the_response_after_the_good_ones() -> None:
+    """The ordinary events of one chunk are taken in one call (`StreamTranslator.relay`):
+    those before a bad one still reach the client, in order, then `response.failed` and the
+    error, and nothing after it."""
+    s = make_session()
+    start = the_start(create(s))
+    feed(s, start.run_id, [created("resp_1")])
+    bad = SSEEvent("response.output_text.delta", b'{"type":"response.output_text.delta",}')
+    events = [sse(delta(1, "a")), sse(delta(2, "b")), bad, sse(delta(4, "c"))]
+    chunk = b"".join(encoded(e) for e in events)
+    actions = s.handle(UpstreamChunk(start.run_id, chunk))
+    frames = sends(actions)
+    assert [f["type"] for f in frames] == [
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.failed",
+        "error",
+    ]
+    assert [f.get("delta") for f in frames[:2]] == ["a", "b"]
+    assert frames[2]["sequence_number"] == 3 and frames[3]["error"]["code"] == (
+        "upstream_protocol_error"
+    )
     assert finished(actions)[0].outcome == "failed"
 
 

@@ -17,7 +17,7 @@ Otherwise events pass through untouched and unparsed; only the terminal one is l
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import wire
@@ -83,6 +83,11 @@ class ManagedStream:
 
     def feed(self, event: SSEEvent) -> list[bytes]:
         return self._adjust(self._inner.feed(event))
+
+    def relay(self, events: Sequence[SSEEvent], start: int, out: list[bytes]) -> int:
+        """The inner stream's hot path while nothing is renumbered (no compaction item):
+        what it relays is what `_adjust` would pass through untouched."""
+        return self._inner.relay(events, start, out) if self._first is None else start
 
     def eof(self) -> list[bytes]:
         return self._adjust(self._inner.eof())

@@ -27,6 +27,7 @@ exactly as for an upstream's stream. No upstream event ever reaches it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .. import wire
@@ -72,6 +73,9 @@ class CompactionStream:
 
     def feed(self, event: SSEEvent) -> list[bytes]:
         return []  # never fed: no upstream request streams into this response
+
+    def relay(self, events: Sequence[SSEEvent], start: int, out: list[bytes]) -> int:
+        return start  # never fed
 
     def eof(self) -> list[bytes]:
         return []

@@ -10,6 +10,7 @@ per upstream.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ..sse import SSEEvent
@@ -46,6 +47,15 @@ class StreamTranslator(Protocol):
 
     def feed(self, event: SSEEvent) -> list[bytes]:
         """Events to forward for one upstream SSE event. Raises UpstreamError on garbage."""
+        ...
+
+    def relay(self, events: Sequence[SSEEvent], start: int, out: list[bytes]) -> int:
+        """The hot path of a stream under way: from `events[start]` on, the ordinary events
+        that `feed` would forward as they came (checked, not rewritten) are appended to `out`
+        as its frames, in one loop instead of a call each. Returns the index of the first
+        event it did not take (that one goes through `feed`); a translator that rewrites
+        every event takes none. Raises UpstreamError as `feed` would, the events before the
+        bad one already in `out`."""
         ...
 
     def eof(self) -> list[bytes]:

@@ -21,12 +21,13 @@ The caller feeds `reasoning()`, `text()`, `refusal()`, `call_open()`, `call_args
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import wire
 from ..api_objects import lifecycle_event, response_object
+from ..sse import SSEEvent
 
 
 @dataclass(slots=True)
@@ -373,6 +374,9 @@ class BuiltStream:
     @property
     def last_seq(self) -> int:
         return self._builder.seq - 1 if self._builder is not None else -1
+
+    def relay(self, events: Sequence[SSEEvent], start: int, out: list[bytes]) -> int:
+        return start  # every event is rewritten: none is relayed as it came
 
     @property
     def open_items(self) -> int:

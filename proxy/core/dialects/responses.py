@@ -23,7 +23,7 @@ that first event and rebuilt, event by event, by `repair.ResponsesRepair`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import wire
@@ -117,6 +117,31 @@ class ResponsesStream:
             raise _mislabelled(kind, ev)
         self._unread = data
         return [data]
+
+    def relay(self, events: Sequence[SSEEvent], start: int, out: list[bytes]) -> int:
+        """`feed`'s hot path over a run of events (the StreamTranslator protocol)."""
+        if self._first or self._repair is not None or self.outcome is not None:
+            return start
+        loads, i, n = wire.loads, start, len(events)
+        try:
+            while i < n:
+                event = events[i]
+                kind = event.event
+                if not kind or kind == "message" or kind in _PARSED or event.data == b"[DONE]":
+                    break
+                data = event.data.strip()
+                try:
+                    ev = loads(data)
+                except wire.JSONDecodeError as exc:
+                    raise _not_json(kind, exc) from None
+                if type(ev) is not dict or ev.get("type") != kind:
+                    raise _mislabelled(kind, ev)
+                out.append(data)
+                i += 1
+        finally:  # a failure's sequence number follows the last event relayed
+            if i > start:
+                self._unread = out[-1]
+        return i
 
     def eof(self) -> list[bytes]:
         if self._repair is not None:
