@@ -40,7 +40,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import field
-from typing import Any
+from typing import Any, Literal
 
 from immutables import Map
 from lru import LRU
@@ -263,6 +263,9 @@ def holds_compaction(items: Iterable[bytes]) -> bool:
 
 
 EMPTY = CachedResponse("", None, None)
+# why an entry left a cache (`ResponseCache.on_evict`): to stay within a bound, its time ran
+# out (the store's TTL), or its owner let it go (deleted, a failed turn's parent, replaced)
+Leaving = Literal["bound", "expired", "dropped"]
 
 
 class CacheBudget:
@@ -318,7 +321,7 @@ class CacheBudget:
     def enforce(self) -> None:
         while self.over() and len(self._order):
             (_, rid), owner = self._order.peek_last_item()
-            owner.evict(rid)
+            owner.evict(rid, "bound")
             self.evictions += 1
 
 
@@ -342,9 +345,9 @@ class ResponseCache:
         self._pins: dict[str, int] = {}
         # held links -> the entries ending at them plus the held links right after them
         self._refs: dict[Link, int] = {}
-        # called with the id of every entry that leaves (evicted, replaced or cleared), so an
-        # owner that keeps more per entry (the store) forgets it in O(1)
-        self.on_evict: Callable[[str], None] | None = None
+        # called with the id of every entry that leaves (evicted, replaced or cleared) and why,
+        # so an owner that keeps more per entry (the store) forgets it in O(1)
+        self.on_evict: Callable[[str, Leaving], None] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -400,7 +403,7 @@ class ResponseCache:
         while (self.nbytes > self.max_bytes or len(self._entries) > self.max_entries) and len(
             self._order
         ):
-            self.evict(self._order.peek_last_item()[0])
+            self.evict(self._order.peek_last_item()[0], "bound")
             self.evictions += 1
         self.budget.enforce()
 
@@ -452,7 +455,7 @@ class ResponseCache:
             link = link.up
         return freed
 
-    def evict(self, rid: str) -> bool:
+    def evict(self, rid: str, why: Leaving = "dropped") -> bool:
         entry = self._entries.pop(rid, None)
         if entry is None:
             return False
@@ -464,7 +467,7 @@ class ResponseCache:
         self.budget.nbytes -= freed
         self.budget.entries -= 1
         if self.on_evict is not None:
-            self.on_evict(rid)
+            self.on_evict(rid, why)
         return True
 
     def pin(self, rid: str) -> bool:

@@ -36,7 +36,10 @@ remembered, bounded, with the stored responses its own was to be registered unde
 is stored, so a delete of that one reaches it, as it reaches the lost one's place in the
 chain. Only this process knows of its lost writes, and only this process can continue
 them: a response that was not stored is continued only from the cache of the connection
-that made it.
+that made it. The in-process store remembers the same way a response it let go to stay
+within its bounds, or at the end of its TTL, with the stored responses it was registered
+under: a connection that still holds it may continue it. A deleted one is not remembered
+so: its tombstone is what refuses its continuations.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from .conversation import CacheBudget, CachedResponse, ResponseCache
+from .conversation import CacheBudget, CachedResponse, Leaving, ResponseCache
 from .memory import HELD, MemoryBudget, Overheads
 from .tokens.chain import TokenTurn
 
@@ -158,8 +161,9 @@ class LostWrites:
 class MemoryStore:
     """The in-process store. Besides the entries: the tree of which stored response each is
     registered under (`_up`, `_kids`: the module's "Deleting"; an entry the cache lets go
-    hands its children to its own parent, so a delete above it still reaches them) and the
-    tombstones of deleted ids, bounded like the entries."""
+    hands its children to its own parent, so a delete above it still reaches them, and is
+    remembered among the lost writes unless it was deleted) and the tombstones of deleted
+    ids, bounded like the entries."""
 
     def __init__(
         self,
@@ -257,16 +261,20 @@ class MemoryStore:
                 break
             del self._expiry[key]
             self._meta.pop(key, None)
-            self._cache.evict(key)
+            self._cache.evict(key, "expired")
         while self._tombs and next(iter(self._tombs.values())) <= now:
             self._tombs.popitem(last=False)
 
-    def _forget(self, key: str) -> None:
+    def _forget(self, key: str, why: Leaving = "dropped") -> None:
         """The cache let `key` go (a bound, expiry, a delete): drop what is kept beside it,
-        and hand its children to the entry it is registered under."""
+        and hand its children to the entry it is registered under. Unless it was dropped on
+        purpose (a delete), remember it as a lost write: what continues it later is
+        registered under the stored responses it was under (the module's doc)."""
         self._meta.pop(key, None)
         self._expiry.pop(key, None)
         up = self._up.pop(key, None)
+        if up is not None and why != "dropped":
+            self._lost.note(key, self._above(up))
         if up is not None and (siblings := self._kids.get(up)) is not None:
             siblings.discard(key)
             if not siblings:
@@ -281,3 +289,16 @@ class MemoryStore:
                 self._up[kid] = up
         if up is not None:
             self._kids.setdefault(up, set()).update(kids)
+
+    def _above(self, key: str) -> tuple[str, ...]:
+        """The ids of stored `key` and of those it is registered under, nearest first: at
+        most `LostWrites.DEPTH`, so one that leaves later still has the rest behind it."""
+        out: list[str] = []
+        at: str | None = key
+        while at is not None and len(out) < LostWrites.DEPTH:
+            stored = self._meta.get(at)
+            if stored is None:
+                break
+            out.append(stored.entry.id)
+            at = self._up.get(at)
+        return tuple(out)

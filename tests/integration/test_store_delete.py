@@ -22,6 +22,7 @@ from tests.support.helpers import (
     Proxy,
     Sim,
     create,
+    post_responses,
     sample,
     scrape,
     send,
@@ -160,3 +161,31 @@ async def test_a_response_stored_whole_after_a_lost_write_is_deleted_with_what_c
     ev = await continued(proxy, r3)
     assert ev["error"]["code"] == "previous_response_not_found", ev
     assert SECRET.encode() not in everything_in_redis(client)
+
+
+async def test_a_response_after_one_the_store_evicted_is_deleted_with_what_came_before(
+    sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]]
+) -> None:
+    """The in-process store holds 2 responses: the second turn is evicted for a response of
+    another conversation (over HTTP), the first being read since. The socket still holds
+    the second in its own cache and continues it: that third turn is stored under the
+    first, the nearest stored response before it, so a DELETE of the first takes it and
+    the text they share."""
+    proxy = await proxy_factory(sim.url, store__backend="memory", store__max_entries=2)
+    async with connect(proxy.ws) as ws:
+        r1 = await turn(ws, None, SECRET)
+        r2 = await turn(ws, r1, "and then")
+        assert await http("GET", f"{proxy.http}/responses/{r1}") == 200  # r2 is the oldest
+        status, other = await post_responses(proxy, create(input=[user("elsewhere")]))
+        assert status == 200, other
+        assert await http("GET", f"{proxy.http}/responses/{r2}") == 404  # evicted
+        assert await http("GET", f"{proxy.http}/responses/{r1}") == 200  # now the other is
+        r3 = await turn(ws, r2, "from this socket's own cache")
+    assert await http("GET", f"{proxy.http}/responses/{r3}") == 200
+    assert SECRET.encode() in everything_in_memory(proxy)
+    assert await http("DELETE", f"{proxy.http}/responses/{r1}") == 200
+    assert await http("GET", f"{proxy.http}/responses/{r3}") == 404
+    assert await http("GET", f"{proxy.http}/responses/{r3}/input_items") == 404
+    ev = await continued(proxy, r3)
+    assert ev["error"]["code"] == "previous_response_not_found", ev
+    assert SECRET.encode() not in everything_in_memory(proxy)

@@ -8,6 +8,7 @@ from types import FrameType
 from typing import Any
 
 from wsmode.core.conversation import CachedResponse, Segment, linked
+from wsmode.core.memory import MemoryBudget
 from wsmode.core.store import MemoryStore, StoredResponse, WriteResult
 
 
@@ -151,3 +152,93 @@ def test_a_response_after_a_dropped_write_is_deleted_with_the_nearest_stored_one
     # and what continues r3 now (from a socket's own cache) is not stored again
     r4 = CachedResponse("r4", None, linked([Segment((b"{}",))]))
     assert store.put(StoredResponse(r4, b"{}", 1, continues="r2"), "o") is WriteResult.DELETED
+
+
+# ------------------------------------------- responses the store let go (core/store.py)
+
+
+def _held_text(store: MemoryStore) -> bytes:
+    """Every item of every stored response, concatenated."""
+    return b"".join(b"".join(s.entry.items()) for s in store._meta.values())
+
+
+def _after(store: MemoryStore, rid: str, parent: str, *said: str) -> WriteResult:
+    """Store `rid` continuing `parent`, written whole (as a socket that still holds the
+    conversation in its own cache writes it): `said` is the history before it."""
+    segs = [Segment((f'{{"said":"{s}"}}'.encode(),)) for s in (*said, rid)]
+    entry = CachedResponse(rid, None, linked(segs), stored_tip=rid)
+    return store.put(StoredResponse(entry, b"{}", 1, parent=parent, continues=parent), "o")
+
+
+def test_a_response_after_an_evicted_one_is_deleted_with_what_came_before() -> None:
+    # r2 and r3 leave to keep the store within 3 entries, r1 (read since) stays; responses
+    # written later from a socket's cache continue them: a DELETE of r1 must reach those too
+    store = MemoryStore(3, 2**40, 3600.0, lambda: 0.0)
+    _chain(store, ("r1", None, None), ("r2", "r1", None), ("r3", "r2", None))
+    assert store.get("r1", "o") is not None
+    _chain(store, ("x", None, None))  # r2 goes: r3 is handed to r1
+    assert store.get("r2", "o") is None and store.get("r1", "o") is not None
+    _chain(store, ("y", None, None))  # r3 goes
+    assert store.get("r3", "o") is None and store.get("r1", "o") is not None
+    assert _after(store, "r4", "r3", "r1", "r2", "r3") is WriteResult.STORED
+    assert _after(store, "r2b", "r2", "r1", "r2") is WriteResult.STORED  # a fork from r2
+    assert b"r1" in _held_text(store)
+    assert store.delete("r1", "o")
+    assert store.get("r4", "o") is None and store.get("r2b", "o") is None
+    assert b"r1" not in _held_text(store)
+
+
+def test_the_ancestors_of_an_evicted_response_are_remembered_past_its_parent() -> None:
+    # r3 leaves while r2 is stored, then r2 leaves too (the process memory budget, this
+    # time): a response continuing r3 is registered under r1, the nearest still stored
+    budget = MemoryBudget(1 << 30)
+    store = MemoryStore(100, 2**40, 3600.0, lambda: 0.0, memory=budget)
+    _chain(store, ("r1", None, None), ("r2", "r1", None), ("r3", "r2", None))
+    for rid in ("r2", "r1"):
+        assert store.get(rid, "o") is not None  # r3 is now the least recently used
+    budget.max_bytes = budget.nbytes  # full: the next put evicts
+    _chain(store, ("x", None, None))
+    assert store.get("r3", "o") is None and store.get("r2", "o") is not None
+    for rid in ("x", "r1"):
+        assert store.get(rid, "o") is not None  # r2 is now the least recently used
+    _chain(store, ("y", None, None))
+    assert store.get("r2", "o") is None and store.get("r1", "o") is not None
+    budget.max_bytes = 1 << 30
+    assert _after(store, "r4", "r3", "r1", "r2", "r3") is WriteResult.STORED
+    assert store.delete("r1", "o")
+    assert store.get("r4", "o") is None
+    assert b"r1" not in _held_text(store)
+
+
+def test_a_deleted_response_stays_a_tombstone_for_what_continues_it() -> None:
+    # r2 is deleted while r1, which it is registered under, stays: a continuation of r2 or
+    # of r3 is refused, never stored under r1 as a continuation of an evicted one would be
+    store = MemoryStore(100, 2**40, 3600.0, lambda: 0.0)
+    _chain(store, ("r1", None, None), ("r2", "r1", None), ("r3", "r2", None))
+    assert store.delete("r2", "o")
+    assert _after(store, "r4", "r2", "r1", "r2") is WriteResult.DELETED
+    assert _after(store, "r5", "r3", "r1", "r2", "r3") is WriteResult.DELETED
+    assert store.get("r4", "o") is None and store.get("r5", "o") is None
+    assert _held_text(store) == b'{"said":"r1"}'
+
+
+def test_an_expired_response_is_remembered_like_an_evicted_one() -> None:
+    # in process, what a response is registered under expires before it (puts expire in
+    # their order), so none is left to register a later continuation under; should one be,
+    # an expired response is remembered as an evicted one is (it was not deleted)
+    clock = [0.0]
+    store = MemoryStore(100, 2**40, 10.0, lambda: clock[0])
+    _chain(store, ("r1", None, None), ("r2", "r1", None))
+    store._cache.evict("o:r2", "expired")  # as if its time ran out before r1's
+    assert _after(store, "r3", "r2", "r1", "r2") is WriteResult.STORED
+    assert store.delete("r1", "o")
+    assert store.get("r3", "o") is None
+    # the usual order: r1, then r2, expire; a continuation of r2 is stored (not refused:
+    # an expiry is no delete) and registered under nothing
+    _chain(store, ("a1", None, None))
+    clock[0] = 1.0
+    _chain(store, ("a2", "a1", None))
+    clock[0] = 20.0
+    assert store.get("a1", "o") is None and store.get("a2", "o") is None
+    assert _after(store, "a3", "a2", "a1", "a2") is WriteResult.STORED
+    assert store._up.get("o:a3") is None
