@@ -15,7 +15,10 @@ it), so a 30-turn chain with every turn cached costs the history once, not thirt
 and evicting an entry whose links live on in its descendants frees nothing until they go.
 What is charged is what is held (proxy/core/memory.py `Overheads`): an entry's objects and
 its settings (`held`), each link's objects, each item's bytes object, beside the items'
-bytes. A cache and the response store that share links each charge them.
+bytes. On the token path an entry's token turns are shared along its chain the same way, and
+each distinct turn is charged once, what it holds and its reference count
+(proxy/core/tokens/held.py). A cache and the response store that share links or turns each
+charge them.
 
 Bounds: entries and bytes per connection (`ResponseCache`) and process-wide
 (`CacheBudget`), least recently used evicted first. Entries that a queued request refers to
@@ -43,6 +46,7 @@ from .calls import NO_CALLS, CallIndex, index_calls
 from .memory import HELD, MemoryBudget, Overheads
 from .records import record
 from .tokens.chain import TokenTurn
+from .tokens.held import HeldTurns, chain_cost
 
 _UNBOUNDED = 2**31 - 1  # lru-dict needs a size; we evict by our own budgets, never by this
 
@@ -147,8 +151,8 @@ class CachedResponse:
 
     @property
     def nbytes(self) -> int:
-        held = self.history.total if self.history is not None else 0
-        return held + self.tokens.nbytes if self.tokens is not None else held
+        """Its items' bytes (the whole history's)."""
+        return self.history.total if self.history is not None else 0
 
     @property
     def item_count(self) -> int:
@@ -246,9 +250,10 @@ class CacheBudget:
         return self.memory is None or nbytes <= self.memory.room_beside(self)
 
     def cost(self, entry: CachedResponse) -> int:
-        """What `entry` is charged when nothing else holds any of its links."""
+        """What `entry` is charged when nothing else holds any of its links or token turns
+        (what `ResponseCache.put` charges then), without a walk."""
         c, history = self.costs, entry.history
-        own = c.entry + entry.held + entry.nbytes
+        own = c.entry + entry.held + entry.nbytes + chain_cost(entry.tokens, c.turn)
         if history is None:
             return own
         return own + c.link * history.depth + c.item * history.count
@@ -284,6 +289,7 @@ class ResponseCache:
         self._pins: dict[str, int] = {}
         # held links -> the entries ending at them plus the held links right after them
         self._refs: dict[Link, int] = {}
+        self._turns = HeldTurns(budget.costs.turn)  # the token turns, counted the same way
         # called with the id of every entry that leaves (evicted, replaced or cleared), so an
         # owner that keeps more per entry (the store) forgets it in O(1)
         self.on_evict: Callable[[str], None] | None = None
@@ -327,7 +333,8 @@ class ResponseCache:
         if entry.id in self._entries:
             self.evict(entry.id)
         self._entries[entry.id] = entry
-        added = self._hold(entry.history) + self.budget.costs.entry + entry.held
+        added = self._hold(entry.history) + self._turns.hold(entry.tokens)
+        added += self.budget.costs.entry + entry.held
         self.nbytes += added
         self.budget.nbytes += added
         self.budget.entries += 1
@@ -363,6 +370,8 @@ class ResponseCache:
                 seen.add(at)
                 held += self.budget.link_cost(at)
                 at = at.up
+        turns = HeldTurns(self.budget.costs.turn)  # their distinct token turns, the same way
+        held += sum(turns.hold(e.tokens) for e in entries)
         return held <= self.max_bytes
 
     def _hold(self, link: Link | None) -> int:
@@ -401,7 +410,8 @@ class ResponseCache:
         self._pins.pop(rid, None)
         self._order.pop(rid, None)
         self.budget._forget(self, rid)
-        freed = self._release(entry.history) + self.budget.costs.entry + entry.held
+        freed = self._release(entry.history) + self._turns.release(entry.tokens)
+        freed += self.budget.costs.entry + entry.held
         self.nbytes -= freed
         self.budget.nbytes -= freed
         self.budget.entries -= 1
