@@ -156,3 +156,15 @@ def _turns(t: TokenTurn | None) -> list[TokenTurn]:
         out.append(t)
         t = t.parent
     return out
+
+
+def test_a_turn_is_freed_by_what_it_was_charged_even_if_its_array_grew_since() -> None:
+    """A generation's array is the stream's own (`Segment.of` keeps an array as it is): ids
+    appended after the turn was cached must not make its release free another figure."""
+    t1, t2 = chain_of(2)
+    c = cache()
+    c.put(entry("r1", EMPTY, t1))
+    c.put(entry("r2", entry("r1", EMPTY, t1), t2))
+    t2.generated.ids.extend(range(10_000))
+    c.clear()
+    assert c.nbytes == c.budget.nbytes == 0

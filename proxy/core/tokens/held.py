@@ -31,8 +31,11 @@ class HeldTurns:
         return len(self._refs)
 
     def cost(self, turn: TokenTurn) -> int:
-        """What one turn is charged: what it holds of its own and its place here."""
-        return turn.nbytes + self.per_turn
+        """What one turn is charged: what it held of its own when it was made (`total` less
+        its parent's: the same figure when it is let go, whatever happened to it since) and
+        its place here."""
+        up = turn.parent
+        return turn.total - (0 if up is None else up.total) + self.per_turn
 
     def hold(self, turn: TokenTurn | None) -> int:
         """One more reference to `turn`; the bytes newly held. A turn held for the first
