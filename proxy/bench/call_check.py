@@ -31,7 +31,8 @@ from typing import Any
 
 import orjson
 
-from ..core.conversation import EMPTY, CachedResponse, Segment, index_calls, orphan_output
+from ..core.calls import index_calls, orphan_output
+from ..core.conversation import EMPTY, CachedResponse, Segment
 from .chat_translation import history
 
 

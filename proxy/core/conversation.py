@@ -15,7 +15,10 @@ it), so a 30-turn chain with every turn cached costs the history once, not thirt
 and evicting an entry whose links live on in its descendants frees nothing until they go.
 What is charged is what is held (proxy/core/memory.py `Overheads`): an entry's objects and
 its settings (`held`), each link's objects, each item's bytes object, beside the items'
-bytes. A cache and the response store that share links each charge them.
+bytes. On the token path an entry's token turns are shared along its chain the same way, and
+each distinct turn is charged once, what it holds and its reference count
+(proxy/core/tokens/held.py). A cache and the response store that share links or turns each
+charge them.
 
 Bounds: entries and bytes per connection (`ResponseCache`) and process-wide
 (`CacheBudget`), least recently used evicted first. Entries that a queued request refers to
@@ -26,13 +29,8 @@ Because bytes are charged per distinct segment and pinned entries cannot go, thi
 a `ByteLRU` (proxy/core/lru.py): the recency orders below are plain lru-dict maps (C, on
 every turn's path) and the bounds are enforced here.
 
-Each entry also carries its conversation's *call index*: the `call_id` of every tool call
-it holds, in an immutable hash map (HAMT, `immutables.Map`) that a child extends with its
-own new items only, sharing the rest, so that checking a new tool output against the whole
-history (`orphan_output`) costs the same at 4 MB of history as at 20 KB. A compacted
-conversation keeps its parent's index (the calls a compaction item stands for still
-existed), and a conversation that took in a compaction item the proxy cannot open is marked
-`opaque`: its index is incomplete, so unknown call ids are let through there.
+Each entry also carries its conversation's *call index* (proxy/core/calls.py): the `call_id`
+of every tool call it holds, which a child extends with its own new items only.
 """
 
 from __future__ import annotations
@@ -42,67 +40,15 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import field
 from typing import Any, Literal
 
-from immutables import Map
 from lru import LRU
 
-from . import wire
+from .calls import NO_CALLS, CallIndex, index_calls
 from .memory import HELD, MemoryBudget, Overheads
 from .records import record
 from .tokens.chain import TokenTurn
+from .tokens.held import HeldTurns, chain_cost
 
 _UNBOUNDED = 2**31 - 1  # lru-dict needs a size; we evict by our own budgets, never by this
-
-CallIndex = Map[str, bool]  # call_id -> True, for every tool call a conversation holds
-NO_CALLS: CallIndex = Map()
-# outputs that must answer a call of the conversation (OpenAI: 400 "No tool call found ...")
-CHECKED_OUTPUTS = {
-    "function_call_output": "function call output",
-    "custom_tool_call_output": "custom tool call output",
-}
-_CALL_ID = b'"call_id"'
-
-
-def _tool_item(item: bytes) -> tuple[str, str] | None:
-    """(type, call_id) of an item that has a string `call_id`; None for any other item.
-    Items without the key (most of them) are skipped without parsing."""
-    if _CALL_ID not in item:
-        return None
-    doc = wire.loads(item)
-    if not isinstance(doc, dict):
-        return None
-    kind, call_id = doc.get("type"), doc.get("call_id")
-    if isinstance(kind, str) and isinstance(call_id, str):
-        return kind, call_id
-    return None
-
-
-def index_calls(calls: CallIndex, items: Iterable[bytes]) -> CallIndex:
-    """`calls` plus the calls among `items` (any item with a `call_id` that is not an
-    output: function, custom tool, shell, computer calls...). Costs O(len(items))."""
-    m = calls.mutate()
-    for item in items:
-        found = _tool_item(item)
-        if found is not None and not found[0].endswith("_output"):
-            m[found[1]] = True
-    return m.finish()
-
-
-def orphan_output(calls: CallIndex, items: Iterable[bytes]) -> tuple[int, str, str] | None:
-    """The first function or custom tool call output among `items` whose `call_id` names no
-    call in `calls` nor earlier in `items`: (its index, its type, the call id); else None.
-    A call may be answered more than once: the rule is "the call exists"."""
-    earlier: set[str] = set()
-    for index, item in enumerate(items):
-        found = _tool_item(item)
-        if found is None:
-            continue
-        kind, call_id = found
-        if kind in CHECKED_OUTPUTS:
-            if call_id not in calls and call_id not in earlier:
-                return index, kind, call_id
-        elif not kind.endswith("_output"):
-            earlier.add(call_id)
-    return None
 
 
 @record(eq=False)
@@ -205,8 +151,8 @@ class CachedResponse:
 
     @property
     def nbytes(self) -> int:
-        held = self.history.total if self.history is not None else 0
-        return held + self.tokens.nbytes if self.tokens is not None else held
+        """Its items' bytes (the whole history's)."""
+        return self.history.total if self.history is not None else 0
 
     @property
     def item_count(self) -> int:
@@ -307,9 +253,10 @@ class CacheBudget:
         return self.memory is None or nbytes <= self.memory.room_beside(self)
 
     def cost(self, entry: CachedResponse) -> int:
-        """What `entry` is charged when nothing else holds any of its links."""
+        """What `entry` is charged when nothing else holds any of its links or token turns
+        (what `ResponseCache.put` charges then), without a walk."""
         c, history = self.costs, entry.history
-        own = c.entry + entry.held + entry.nbytes
+        own = c.entry + entry.held + entry.nbytes + chain_cost(entry.tokens, c.turn)
         if history is None:
             return own
         return own + c.link * history.depth + c.item * history.count
@@ -345,6 +292,7 @@ class ResponseCache:
         self._pins: dict[str, int] = {}
         # held links -> the entries ending at them plus the held links right after them
         self._refs: dict[Link, int] = {}
+        self._turns = HeldTurns(budget.costs.turn)  # the token turns, counted the same way
         # called with the id of every entry that leaves (evicted, replaced or cleared) and why,
         # so an owner that keeps more per entry (the store) forgets it in O(1)
         self.on_evict: Callable[[str, Leaving], None] | None = None
@@ -388,7 +336,8 @@ class ResponseCache:
         if entry.id in self._entries:
             self.evict(entry.id)
         self._entries[entry.id] = entry
-        added = self._hold(entry.history) + self.budget.costs.entry + entry.held
+        added = self._hold(entry.history) + self._turns.hold(entry.tokens)
+        added += self.budget.costs.entry + entry.held
         self.nbytes += added
         self.budget.nbytes += added
         self.budget.entries += 1
@@ -424,6 +373,8 @@ class ResponseCache:
                 seen.add(at)
                 held += self.budget.link_cost(at)
                 at = at.up
+        turns = HeldTurns(self.budget.costs.turn)  # their distinct token turns, the same way
+        held += sum(turns.hold(e.tokens) for e in entries)
         return held <= self.max_bytes
 
     def _hold(self, link: Link | None) -> int:
@@ -462,7 +413,8 @@ class ResponseCache:
         self._pins.pop(rid, None)
         self._order.pop(rid, None)
         self.budget._forget(self, rid)
-        freed = self._release(entry.history) + self.budget.costs.entry + entry.held
+        freed = self._release(entry.history) + self._turns.release(entry.tokens)
+        freed += self.budget.costs.entry + entry.held
         self.nbytes -= freed
         self.budget.nbytes -= freed
         self.budget.entries -= 1

@@ -37,11 +37,12 @@ from .actions import (
 )
 from .admission import Admission
 from .api_objects import failed_error, lifecycle_event, response_object, zero_usage
+from .calls import CHECKED_OUTPUTS, orphan_output
 from .compacting import Compacting
 from .context.compaction import has_trigger
 from .context.managed_stream import ManagedStream
 from .context.manager import ContextManager
-from .conversation import CHECKED_OUTPUTS, EMPTY, ResponseCache, orphan_output
+from .conversation import EMPTY, ResponseCache
 from .errors import (
     ClientError,
     ProxyError,
@@ -58,8 +59,7 @@ from .plan import Planner
 from .policy import UpstreamPolicy
 from .recorder import Recorder
 from .routing import cached_tokens
-from .runs import ENDED as _ENDED
-from .runs import Run, RunState
+from .runs import ENDED, Run, RunState
 from .sse import SSEDecoder
 from .steering import Steering, at_boundary, steered_response
 from .store import WriteResult
@@ -226,7 +226,7 @@ class RunDriver:
     def _chunk(self, run_id: int, data: bytes) -> list[Action]:
         """One raw chunk of a run's upstream stream: its events, up to the run's end."""
         run = self._runs.get(run_id)
-        if run is None or run.decoder is None or run.state in _ENDED:
+        if run is None or run.decoder is None or run.state in ENDED:
             return []
         try:
             events = run.decoder.feed(data)
@@ -260,7 +260,7 @@ class RunDriver:
                 out.append(Relay(relayed))
                 relayed = []
             out += self._fed(run, sent)
-            if run.state in _ENDED:
+            if run.state in ENDED:
                 break
         if relayed:
             out.append(Relay(relayed))
@@ -286,7 +286,7 @@ class RunDriver:
 
     def _eof(self, run_id: int) -> list[Action]:
         run = self._runs.get(run_id)
-        if run is None or run.stream is None or run.state in _ENDED:
+        if run is None or run.stream is None or run.state in ENDED:
             return []
         try:
             sent = run.stream.eof()
@@ -323,7 +323,7 @@ class RunDriver:
     def _upstream_failed(self, run_id: int, err: UpstreamError) -> list[Action]:
         """The upstream request failed: an HTTP error status, a connect error, a stall, a cut."""
         run = self._runs.get(run_id)
-        if run is None or run.state in _ENDED:
+        if run is None or run.state in ENDED:
             return []
         # upstream.api = "auto": a 404/405 on /responses switches to Chat and resends
         inner = run.stream.inner if isinstance(run.stream, ManagedStream) else run.stream

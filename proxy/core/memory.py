@@ -17,9 +17,9 @@ queued and outbound bytes with it would exceed the budget. Outbound bytes are bo
 connection by backpressure; they are counted, so the other parts make room for them.
 
 What a cached or stored response is charged is what it holds (`Overheads`, docs/memory.md
-"What an entry costs"): its items' bytes, and the Python objects around them, at sizes
-measured with tracemalloc (tests/support/held_costs.py measures them again; a unit test
-holds these figures to that measurement).
+"What an entry costs"): its items' bytes, its token turns on the token path, and the
+Python objects around them, at sizes measured with tracemalloc (tests/support/held_costs.py
+measures them again; a unit test holds these figures to that measurement).
 """
 
 from __future__ import annotations
@@ -36,12 +36,15 @@ class Overheads:
     link: int  # a link of its history (held once, however many responses share it)
     item: int  # an item: its bytes object's header and its slot in the link's tuple
     stored: int  # in the response store, a record beside the entry: key, expiry, metadata
+    # a token turn (the token path), beside what it holds (`TokenTurn.nbytes`): its reference
+    # count in the cache (held once, however many responses share it)
+    turn: int = 0
 
 
 # measured on CPython 3.11 (docs/memory.md "What an entry costs")
-HELD = Overheads(entry=640, link=320, item=48, stored=750)
-# items' bytes only: for tests of the accounting's mechanics
-ITEMS_ONLY = Overheads(entry=0, link=0, item=0, stored=0)
+HELD = Overheads(entry=640, link=320, item=48, stored=750, turn=140)
+# items' and ids' bytes only: for tests of the accounting's mechanics
+ITEMS_ONLY = Overheads(entry=0, link=0, item=0, stored=0, turn=0)
 # bytes of Python objects per byte of a request's settings as JSON (instructions, tools):
 # a long string holds about its length, a tools list about 4 times it (measured)
 SETTINGS_FACTOR = 2

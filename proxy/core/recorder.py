@@ -20,10 +20,11 @@ from typing import Any
 
 from . import wire
 from .actions import SaveStored
+from .calls import NO_CALLS, index_calls
 from .context.compaction import compaction_of
 from .context.manager import ContextManager
 from .context.trigger import CompactionStream
-from .conversation import EMPTY, NO_CALLS, ResponseCache, Segment, holds_compaction, index_calls
+from .conversation import EMPTY, ResponseCache, Segment, holds_compaction
 from .guards import Unseen
 from .memory import SETTINGS_FACTOR
 from .runs import Run

@@ -71,7 +71,7 @@ class StoredResponse:
     # for a store that keeps each response's own segment only (Redis): the id of the stored
     # response `entry` continues (None: `entry` starts its stored chain, as a root, after a
     # compaction or after a parent that was not stored), and the call ids its last segment
-    # adds to the call index (core/conversation.py)
+    # adds to the call index (core/calls.py)
     parent: str | None = None
     added_calls: tuple[str, ...] = ()
     # the token path: the token turn of the stored parent that entry.tokens continues (its

@@ -1,4 +1,4 @@
-"""The call index of a cached conversation (proxy/core/conversation.py) and the session's
+"""The call index of a cached conversation (proxy/core/calls.py) and the session's
 check of new tool outputs against it, across compaction and compaction items, driven without
 I/O."""
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 from wsmode.core.actions import Summarise
+from wsmode.core.calls import NO_CALLS, index_calls, orphan_output
 from wsmode.core.context.manager import SummaryResult
-from wsmode.core.conversation import NO_CALLS, index_calls, orphan_output
 from wsmode.core.session import Session
 
 from tests.support.session import (

@@ -10,7 +10,14 @@ from wsmode.core.conversation import EMPTY, CacheBudget, ResponseCache, Segment
 from wsmode.core.memory import HELD, SETTINGS_FACTOR, MemoryBudget
 from wsmode.core.store import MemoryStore, StoredResponse
 
-from tests.support.held_costs import Measured, chain, measure, per_turn
+from tests.support.held_costs import (
+    Measured,
+    TokenMeasured,
+    chain,
+    measure,
+    measure_tokens,
+    per_turn,
+)
 
 HUGE = 1 << 40
 
@@ -20,12 +27,28 @@ def measured() -> Measured:
     return measure(256)
 
 
+@pytest.fixture(scope="module")
+def measured_tokens() -> TokenMeasured:
+    return measure_tokens(256)
+
+
 def test_each_figure_is_near_what_is_measured(measured: Measured) -> None:
     # over a few hundred turns, dicts' growth steps move a figure by up to a fifth
     for name in ("entry", "link", "item", "stored"):
         charged, held = getattr(HELD, name), getattr(measured, name)
         assert 0.7 * held <= charged <= 1.4 * held, (name, charged, held)
     assert 0.6 * measured.settings_factor <= SETTINGS_FACTOR <= 1.4 * measured.settings_factor
+
+
+def test_a_token_turn_is_charged_about_what_it_holds(measured_tokens: TokenMeasured) -> None:
+    """The token path: what a turn's ids and their objects hold (`TokenTurn.nbytes`) and its
+    reference count (`HELD.turn`), for a short turn, a long one, one with logprobs."""
+    m = measured_tokens
+    assert 0.7 * m.turn <= HELD.turn <= 1.4 * m.turn, (HELD.turn, m.turn)
+    for shape, held in m.held.items():
+        charged = m.charged[shape]
+        # the ids were not charged at all, and `nbytes` said 0.44 times what 16 ids hold
+        assert 0.9 * held <= charged <= 1.2 * held, (shape, charged, held)
 
 
 def test_a_cached_turn_is_charged_about_what_it_holds(measured: Measured) -> None:

@@ -18,8 +18,9 @@ from wsmode.core.actions import (
     Send,
     Summarise,
 )
+from wsmode.core.calls import NO_CALLS, index_calls
 from wsmode.core.context.manager import SummaryResult
-from wsmode.core.conversation import NO_CALLS, CachedResponse, Segment, index_calls, linked
+from wsmode.core.conversation import CachedResponse, Segment, linked
 from wsmode.core.events import ClientMessage
 from wsmode.core.guards import Unseen
 from wsmode.core.runs import RunState

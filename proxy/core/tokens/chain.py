@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from sys import getsizeof
 from typing import Any, Final, TypeAlias
 
 # why a continuation could not keep every id of its parent (the metric's `reason` label)
@@ -55,10 +56,14 @@ class Segment:
 
     @property
     def nbytes(self) -> int:
-        return len(self.text) + 4 * len(self.ids) + len(self.json) + 64
+        """What it holds: its object, its text, its ids' array (with the room an array that
+        grew by appends keeps), their JSON. `getsizeof` is what each was allocated."""
+        text, ids, json = self.text, self.ids, self.json
+        return getsizeof(self) + getsizeof(text) + getsizeof(ids) + getsizeof(json)
 
 
 EMPTY_SEGMENT: Final = Segment("", array("i"), b"")
+_INT: Final = getsizeof(1 << 20)  # an int object past the cached small ones
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)
@@ -74,6 +79,15 @@ class TokenTurn:
     logprobs: array[float] | None = None  # one per generated id, when they were asked for
     eos: bool = False  # generation ended on the model's end-of-generation token
     prompt_length: int = 0  # ids of its whole prompt
+    # the turns of its chain up to and including it, and the bytes they hold (`nbytes`
+    # summed): what holding the chain costs, known without walking it (like `Link`'s)
+    depth: int = field(init=False, compare=False, repr=False)
+    total: int = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        up = self.parent
+        object.__setattr__(self, "depth", 1 if up is None else up.depth + 1)
+        object.__setattr__(self, "total", self.nbytes + (0 if up is None else up.total))
 
     def segments(self) -> list[Segment]:
         """The chain's segments, oldest first."""
@@ -98,10 +112,15 @@ class TokenTurn:
 
     @property
     def nbytes(self) -> int:
-        """What this turn holds of its own (its parent's are counted with the parent)."""
-        logprobs = 8 * len(self.logprobs) if self.logprobs is not None else 0
-        held = sum(s.nbytes for s in self.prompt) + self.generated.nbytes
-        return held + logprobs + 96
+        """What this turn holds of its own (its parent's are counted with the parent): its
+        object and fingerprint, its prompt's tuple and segments, its generation, its
+        logprobs, and the ints of its `depth` and `total`."""
+        held = getsizeof(self) + getsizeof(self.fingerprint) + self.generated.nbytes + 2 * _INT
+        if self.prompt:  # the empty tuple is shared
+            held += getsizeof(self.prompt) + sum(s.nbytes for s in self.prompt)
+        if self.logprobs is not None:
+            held += getsizeof(self.logprobs)
+        return held
 
 
 # the token turn of a conversation that so far has input only (`generate: false` warmups
