@@ -49,6 +49,9 @@ from .tokens.chain import TokenTurn
 from .tokens.held import HeldTurns, chain_cost
 
 _UNBOUNDED = 2**31 - 1  # lru-dict needs a size; we evict by our own budgets, never by this
+# stored responses a response keeps the ids of (`CachedResponse.stored_above`): enough that
+# a continuation is registered under one of them when the nearest have expired or gone
+STORED_ABOVE = 8
 
 
 @record(eq=False)
@@ -122,10 +125,11 @@ class CachedResponse:
     # the token path (core/tokens/chain.py): its prompt's and its generation's ids, linked to
     # its parent's; None when it was not made on the token path or starts no token chain
     tokens: TokenTurn | None = None
-    # the newest response of its conversation that went to the response store (itself, or
-    # its nearest ancestor that did): a stored response continuing it is deleted with that
-    # one (core/store.py "Deleting"); None when none did
-    stored_tip: str | None = None
+    # the responses of its conversation that went to the response store, nearest first (itself
+    # if it did, then its ancestors that did), at most `STORED_ABOVE`: a stored response
+    # continuing it is registered under the first of them the store still holds, and deleted
+    # with it (core/store.py "Deleting"); empty when none did
+    stored_above: tuple[str, ...] = ()
     # bytes its own objects hold beside its links and its entry's fixed objects: its settings
     # (estimated from their JSON), its unseen text; in the store, its response object too
     held: int = 0
@@ -181,7 +185,7 @@ class CachedResponse:
         `unmoderated`: the text of `added` that no moderation saw (a warmup's).
         `replica`, `chain`: where the response was served and its chain's key (routing.py);
         a response no replica served (a warmup) stays where its parent was.
-        `stored`: it goes to the response store (its `stored_tip` is then itself). `held`:
+        `stored`: it goes to the response store (it heads its `stored_above`). `held`:
         what its own objects hold (its `held` field)."""
         history = Link(added, None if compacted else self.history)
         calls = index_calls(self.calls, added.items if seen is None else seen)
@@ -197,7 +201,7 @@ class CachedResponse:
             chain if chain is not None else self.chain,
             self.compactions or compacted or opaque or holds_compaction(added.items),
             tokens,
-            response_id if stored else self.stored_tip,
+            (response_id, *self.stored_above[: STORED_ABOVE - 1]) if stored else self.stored_above,
             held,
         )
 

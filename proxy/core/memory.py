@@ -42,7 +42,7 @@ class Overheads:
 
 
 # measured on CPython 3.11 (docs/memory.md "What an entry costs")
-HELD = Overheads(entry=640, link=320, item=48, stored=750, turn=140)
+HELD = Overheads(entry=640, link=320, item=48, stored=860, turn=140)
 # items' and ids' bytes only: for tests of the accounting's mechanics
 ITEMS_ONLY = Overheads(entry=0, link=0, item=0, stored=0, turn=0)
 # bytes of Python objects per byte of a request's settings as JSON (instructions, tools):

@@ -101,7 +101,7 @@ class Recorder:
             wire.dumps_kept(response),
             entry.item_count - len(output),
             # deleting the stored response it continues deletes it too (its history holds it)
-            continues=parent.stored_tip,
+            continues=parent.stored_above,
         )
         # the store may keep this turn's own segment, pointing at its parent's entry: only
         # if the parent was stored and the history was not compacted (docs/store.md)

@@ -24,8 +24,9 @@ they hold, so an upstream that reuses ids never makes one conversation replace a
 Deleting: a response's history holds every response before it, so `DELETE` of a response
 takes with it every stored response that continues it, directly or through others (its
 parent's, a compaction's or a `store: false` turn's descendants alike: `StoredResponse.
-continues`). Each stored response is registered under the one it continues, and a delete
-walks that tree down; what it removed leaves a tombstone for `ttl_seconds`, so a socket that
+continues`). Each stored response is registered under the one it continues (the first of
+its conversation's nearest stored responses, `CachedResponse.stored_above`, that the store
+still holds), and a delete walks that tree down; what it removed leaves a tombstone for `ttl_seconds`, so a socket that
 still holds the deleted conversation in its own cache cannot store it again (a write that
 continues a tombstone is `DELETED`, not stored) and its id is not given out again. Both
 stores do it the same way (the Redis one in its scripts, proxy/ops/redis_scripts.py).
@@ -51,7 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from .conversation import CacheBudget, CachedResponse, Leaving, ResponseCache
+from .conversation import STORED_ABOVE, CacheBudget, CachedResponse, Leaving, ResponseCache
 from .memory import HELD, MemoryBudget, Overheads
 from .tokens.chain import TokenTurn
 
@@ -77,15 +78,24 @@ class StoredResponse:
     # the token path: the token turn of the stored parent that entry.tokens continues (its
     # own turns are written after it), None when they start afresh
     token_base: TokenTurn | None = None
-    # the stored response whose conversation it continues: its parent, or the nearest
-    # ancestor that was stored when its parent was not (or before a compaction); a delete
-    # of that one deletes this one too (the module's doc)
-    continues: str | None = None
+    # the stored responses whose conversation it continues, nearest first: its parent's
+    # `stored_above` (its parent, or the nearest ancestors that were stored when its parent
+    # was not, or before a compaction); a delete of any of them deletes this one too (the
+    # module's doc)
+    continues: tuple[str, ...] = ()
 
     @property
     def under(self) -> str | None:
         """The stored response this one is registered under (the module's doc)."""
-        return self.parent or self.continues
+        return self.parent or (self.continues[0] if self.continues else None)
+
+    @property
+    def candidates(self) -> tuple[str, ...]:
+        """Where it is registered, nearest first, unless a lost write says otherwise: the
+        first of these that the store still holds (a Redis record may have expired)."""
+        if self.parent is None or self.continues[:1] == (self.parent,):
+            return self.continues
+        return (self.parent, *self.continues)
 
 
 class StoreUnavailable(Exception):
@@ -135,7 +145,7 @@ class LostWrites:
 
     __slots__ = ("_bound", "_unders")
 
-    DEPTH = 8  # candidates kept per lost write: one each for writes whose outcome is unknown
+    DEPTH = STORED_ABOVE  # candidates kept per lost write
 
     def __init__(self, bound: int) -> None:
         self._unders: OrderedDict[str, tuple[str, ...]] = OrderedDict()
@@ -151,11 +161,11 @@ class LostWrites:
         while len(self._unders) > self._bound:
             self._unders.popitem(last=False)
 
-    def after(self, key: str, rid: str) -> tuple[str, ...]:
-        """Where a response continuing `rid` (whose store key is `key`) is registered: under
-        `rid` itself, unless its write was lost. One look-up, never a walk: what a lost
-        write names was resolved when it was noted."""
-        return self._unders.get(key, (rid,))
+    def after(self, key: str, stored: StoredResponse) -> tuple[str, ...]:
+        """Where `stored`, continuing the response whose store key is `key`, is registered:
+        under its own candidates, unless that response's write was lost. One look-up, never
+        a walk: what a lost write names was resolved when it was noted."""
+        return self._unders.get(key, stored.candidates)
 
 
 class MemoryStore:
@@ -215,7 +225,7 @@ class MemoryStore:
         if key in self._meta or key in self._tombs:
             return WriteResult.EXISTS
         under = stored.under
-        unders = () if under is None else self._lost.after(self._key(under, owner), under)
+        unders = () if under is None else self._lost.after(self._key(under, owner), stored)
         ups = [self._key(u, owner) for u in unders]
         if any(up in self._tombs for up in ups):
             self._lost.note(key, unders)

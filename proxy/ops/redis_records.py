@@ -22,7 +22,7 @@ from typing import Any
 from immutables import Map
 
 from ..core import wire
-from ..core.conversation import CachedResponse, Segment, holds_compaction, linked
+from ..core.conversation import STORED_ABOVE, CachedResponse, Segment, holds_compaction, linked
 from ..core.guards import Unseen
 from ..core.store import StoredResponse
 from ..core.tokens.chain import TokenTurn, turn_of, turn_record
@@ -99,6 +99,8 @@ def encode(stored: StoredResponse) -> Record:
     }
     if after_parent:
         meta["unseen_up"] = True
+    if stored.parent is None and stored.continues:  # a chain's start: what it continues
+        meta["above"] = list(stored.continues[:STORED_ABOVE])
     response = stored.response
     if in_settings:
         meta["shared"] = in_settings
@@ -150,14 +152,18 @@ def _restored(
 
 def decode(rid: str, reply: Sequence[Any]) -> StoredResponse | None:
     """The stored response the read script returned (`reply`: the response object, the
-    values its record shares, then segment and meta from the response itself back to its
-    chain's start); None for an empty reply."""
+    values its record shares, then segment, meta and parent id from the response itself
+    back to its chain's start); None for an empty reply."""
     if not reply:
         return None
     count = int(reply[1])
     values = {_text(reply[2 + 2 * i]): bytes(reply[3 + 2 * i]) for i in range(count)}
     start = 2 + 2 * count
-    links = [(reply[i], wire.loads(reply[i + 1])) for i in range(start, len(reply) - 1, 2)]
+    links = [(reply[i], wire.loads(reply[i + 1])) for i in range(start, len(reply) - 2, 3)]
+    # itself and the stored responses before it, nearest first (`stored_above`): its chain's
+    # links, then what the chain's start continues
+    ups = (_text(reply[i]) for i in range(start + 2, len(reply) - 3, 3))
+    above = (rid, *ups, *links[-1][1].get("above", ()))[:STORED_ABOVE]
     segments: list[Segment] = []
     calls = Map[str, bool]().mutate()
     tokens: TokenTurn | None = None
@@ -207,6 +213,6 @@ def decode(rid: str, reply: Sequence[Any]) -> StoredResponse | None:
         own.get("chain"),
         any(holds_compaction(seg.items) for seg in segments),
         tokens,
-        rid,
+        above,
     )
     return StoredResponse(entry, response, own["inputs"])

@@ -15,7 +15,8 @@ READ = """#!lua flags=allow-oom
 -- ms (ttl_seconds and its half again), the longest walk.
 -- Returns {} when it is not stored, or deleted, or a link of its chain or a value it shares
 -- is missing (evicted, deleted); else {response object, n, then n pairs of (hash, value): the
--- values its own record shares, then its segment and meta, its parent's, ... to the start}.
+-- values its own record shares, then its segment, meta and parent's id ('' at the start),
+-- its parent's, ... to the start}.
 -- Every record read and every value they share lives at least that long from now (GT: an
 -- expiry is never shortened), so a shared value never expires before a record using it.
 local key, prefix, bprefix, ttl = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -41,6 +42,7 @@ for _ = 1, tonumber(ARGV[4]) do
   end
   out[#out + 1] = link[1]
   out[#out + 1] = link[2]
+  out[#out + 1] = link[3] or ''
   if not link[3] or link[3] == '' then return out end
   key = prefix .. link[3]
 end
@@ -112,7 +114,9 @@ redis.call('PEXPIRE', key, expiry)
 for _, ukey in ipairs(unders) do
   if redis.call('EXISTS', ukey) == 1 then
     redis.call('HSET', ukey, '>' .. rid, '')
-    break
+    -- a chain's start keeps an expiry of its own: it may outlive the nearest, so it goes
+    -- under every one Redis holds; a link never outlives its parent, the first
+    if parent ~= '' then break end
   end
 end
 for i = 13, #ARGV, 2 do

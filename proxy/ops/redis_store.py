@@ -49,6 +49,12 @@ depth (`n`); a write that would make a chain deeper than `MAX_DEPTH` links start
 afresh (`s` holds the whole conversation), so no read or renewal walks more than that many
 links; the client sees nothing of it.
 
+A write sends, nearest first, the stored responses of its conversation that it may be
+registered under (`StoredResponse.candidates`): the script takes the first that Redis holds,
+so a response continuing one that expired goes under the nearest before it still stored.
+A chain's start, whose expiry is its own and may outlast theirs, goes under every one of them
+that Redis holds.
+
 The process remembers which shared values it wrote (`KNOWN_VALUES` of them, most recent
 first) and sends only their hash; a write that finds one gone (`no_blob`) is sent again with
 the bytes. It also remembers the writes it did not make (`LOST_WRITES` of them): a response
@@ -182,7 +188,7 @@ class RedisStore:
     async def save(self, stored: StoredResponse, owner: str) -> WriteResult:
         key = self.prefix(owner) + stored.entry.id
         under = stored.under  # registered under the nearest stored (core/store.py "Deleting")
-        unders = () if under is None else self._lost.after(self.prefix(owner) + under, under)
+        unders = () if under is None else self._lost.after(self.prefix(owner) + under, stored)
         resend = fresh = False
         try:
             for _ in range(3):  # each retry at most once
@@ -192,7 +198,7 @@ class RedisStore:
                 elif result in ("no_parent", "too_deep") and not fresh:
                     # the parent went (its write was dropped), or the chain is as deep as it
                     # may be: all of the conversation, as a chain's start
-                    stored, fresh = replace(stored, parent=None, continues=stored.under), True
+                    stored, fresh = replace(stored, parent=None, continues=unders), True
                 else:
                     break
         except StoreUnavailable as exc:  # a timeout: the script may have run all the same

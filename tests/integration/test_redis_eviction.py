@@ -53,7 +53,7 @@ async def fill(store: RedisStore) -> list[list[tuple[CachedResponse, WriteResult
                 orjson.dumps({"id": rid, "object": "response", "instructions": INSTRUCTIONS}),
                 entry.item_count,
                 parent=parent.id if turns else None,
-                continues=parent.stored_tip,
+                continues=parent.stored_above,
             )
             turns.append((entry, await store.save(stored, OWNER)))
     return chains

@@ -107,7 +107,7 @@ def turn_of(parent: CachedResponse, rid: str, instructions: str) -> StoredRespon
     entry = parent.child(rid, None, Segment((item,)), {"instructions": instructions}, stored=True)
     response = orjson.dumps({"id": rid, "instructions": instructions})
     parent_id = parent.id if parent is not EMPTY else None
-    return StoredResponse(entry, response, 1, parent=parent_id, continues=parent.stored_tip)
+    return StoredResponse(entry, response, 1, parent=parent_id, continues=parent.stored_above)
 
 
 def expires(client: redis.Redis, key: str | bytes) -> int:

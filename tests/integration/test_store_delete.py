@@ -16,7 +16,8 @@ import pytest
 import redis
 from websockets.asyncio.client import ClientConnection, connect
 from wsmode.core import wire
-from wsmode.core.store import MemoryStore
+from wsmode.core.store import MemoryStore, owner_of
+from wsmode.ops.redis_store import RedisStore
 
 from tests.support.helpers import (
     Proxy,
@@ -189,3 +190,63 @@ async def test_a_response_after_one_the_store_evicted_is_deleted_with_what_came_
     ev = await continued(proxy, r3)
     assert ev["error"]["code"] == "previous_response_not_found", ev
     assert SECRET.encode() not in everything_in_memory(proxy)
+
+
+def expire_now(client: redis.Redis, rid: str) -> None:
+    """Let one stored response's Redis record expire, as its TTL would: the rest stays."""
+    prefix = RedisStore.prefix(owner_of(None))  # a client without a key
+    assert client.pexpire(prefix + rid, 1)
+    deadline = 200
+    while client.exists(prefix + rid) and deadline:
+        deadline -= 1
+        client.ping()
+    assert not client.exists(prefix + rid)
+
+
+async def test_a_response_after_one_that_expired_in_redis_is_deleted_with_what_came_before(
+    sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]], redis_server: RedisServer
+) -> None:
+    """The second turn's record expires in Redis while the first lives on (read since). The
+    socket still holds the second in its own cache and continues it: that third turn is
+    stored whole and registered under the first, the nearest of the conversation's stored
+    responses Redis still holds, so a DELETE of the first takes it and its text."""
+    proxy = await proxy_factory(sim.url, store__backend="redis", store__redis_url=redis_server.url)
+    client = redis_server.client
+    async with connect(proxy.ws) as ws:
+        r1 = await turn(ws, None, SECRET)
+        r2 = await turn(ws, r1, "and then")
+        expire_now(client, r2)
+        assert await http("GET", f"{proxy.http}/responses/{r2}") == 404
+        assert await http("GET", f"{proxy.http}/responses/{r1}") == 200
+        r3 = await turn(ws, r2, "from this socket's own cache")
+    assert await http("GET", f"{proxy.http}/responses/{r3}") == 200
+    assert SECRET.encode() in everything_in_redis(client)
+    assert await http("DELETE", f"{proxy.http}/responses/{r1}") == 200
+    assert await http("GET", f"{proxy.http}/responses/{r3}") == 404
+    assert await http("GET", f"{proxy.http}/responses/{r3}/input_items") == 404
+    ev = await continued(proxy, r3)
+    assert ev["error"]["code"] == "previous_response_not_found", ev
+    assert SECRET.encode() not in everything_in_redis(client)
+
+
+async def test_a_chain_start_outlives_what_it_was_registered_under_and_is_still_deleted(
+    sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]], redis_server: RedisServer
+) -> None:
+    """After a `store: false` turn the next stored turn starts a chain of its own, with an
+    expiry of its own: it is registered under every stored response of the conversation
+    Redis holds, so when the nearest expires first a DELETE of an earlier one still takes
+    it."""
+    proxy = await proxy_factory(sim.url, store__backend="redis", store__redis_url=redis_server.url)
+    client = redis_server.client
+    async with connect(proxy.ws) as ws:
+        r1 = await turn(ws, None, SECRET)
+        r2 = await turn(ws, r1, "and then")
+        off = await turn(ws, r2, "off the record", store=False)
+        r4 = await turn(ws, off, "back on the record")
+    expire_now(client, r2)
+    assert await http("GET", f"{proxy.http}/responses/{r4}") == 200
+    assert await http("DELETE", f"{proxy.http}/responses/{r1}") == 200
+    assert await http("GET", f"{proxy.http}/responses/{r4}") == 404
+    ev = await continued(proxy, r4)
+    assert ev["error"]["code"] == "previous_response_not_found", ev
+    assert SECRET.encode() not in everything_in_redis(client)

@@ -6,7 +6,14 @@ tests/unit/test_held_costs.py's.
 
 from __future__ import annotations
 
-from wsmode.core.conversation import EMPTY, CacheBudget, CachedResponse, ResponseCache, Segment
+from wsmode.core.conversation import (
+    EMPTY,
+    STORED_ABOVE,
+    CacheBudget,
+    CachedResponse,
+    ResponseCache,
+    Segment,
+)
 from wsmode.core.memory import ITEMS_ONLY, MemoryBudget
 
 HUGE = 1 << 40
@@ -436,3 +443,19 @@ def test_queued_creates_are_admitted_against_what_cannot_be_evicted() -> None:
     memory.queued, memory.outbound = 50, 20
     assert memory.can_queue(30) and not memory.can_queue(31)
     assert memory.parts() == {"cache": 90, "queued": 50, "outbound": 20}
+
+
+def test_a_response_keeps_the_nearest_stored_responses_of_its_conversation() -> None:
+    """`stored_above`: itself when it is stored, then the stored responses before it, nearest
+    first, a `store: false` turn passed over, at most `STORED_ABOVE` of them."""
+    entry = EMPTY
+    stored: list[str] = []
+    for turn in range(12):
+        kept = turn != 5  # the sixth turn is not stored
+        entry = entry.child(f"r{turn}", None, Segment((b"{}",)), {}, stored=kept)
+        if kept:
+            stored.insert(0, f"r{turn}")
+        assert entry.stored_above == tuple(stored[:STORED_ABOVE])
+    assert len(entry.stored_above) == STORED_ABOVE == 8
+    unstored = entry.child("r12", None, Segment((b"{}",)), {}, stored=False)
+    assert unstored.stored_above == entry.stored_above  # it continues them, itself not stored

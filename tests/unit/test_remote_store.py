@@ -20,7 +20,7 @@ from wsmode.core.actions import (
 )
 from wsmode.core.calls import NO_CALLS, index_calls
 from wsmode.core.context.manager import SummaryResult
-from wsmode.core.conversation import CachedResponse, Segment, linked
+from wsmode.core.conversation import STORED_ABOVE, CachedResponse, Segment, linked
 from wsmode.core.events import ClientMessage
 from wsmode.core.guards import Unseen
 from wsmode.core.runs import RunState
@@ -162,7 +162,7 @@ def test_a_record_round_trips_every_field_and_the_exact_item_bytes() -> None:
     assert record.parent == "r1" and record.segment == b"".join(own)  # its own items only
     assert record.shared == {}  # nothing long enough to share
     first = encode(StoredResponse(CachedResponse("r1", None, linked([root])), b"{}", 1))
-    reply = [b'{"id":"r2"}', 0, record.segment, record.meta, first.segment, first.meta]
+    reply = [b'{"id":"r2"}', 0, record.segment, record.meta, b"r1", first.segment, first.meta, b""]
     back = decode("r2", reply)
     assert back is not None
     got = back.entry
@@ -184,6 +184,7 @@ def test_after_a_compaction_the_record_starts_its_own_chain() -> None:
     s = replace(make_context_session(keep_recent_fraction=0.3), stores=True)
     prev: str | None = None
     previous = None
+    ids: list[str] = []  # the stored responses, nearest first
     for i in range(6):
         fields: dict[str, object] = {"input": [user(f"fact-{i} " + "x" * 200)], "store": True}
         if i == 2:  # a tool call and its answer, early in the conversation
@@ -197,6 +198,7 @@ def test_after_a_compaction_the_record_starts_its_own_chain() -> None:
         [save] = saves(out)
         assert save.stored.parent == (None if i == 0 else previous)
         previous = prev
+        ids.insert(0, prev)
     compacting = send_create(
         s,
         input=[user("next")],
@@ -210,7 +212,9 @@ def test_after_a_compaction_the_record_starts_its_own_chain() -> None:
     _, out = complete(s, start)
     [save] = saves(out)
     assert save.stored.parent is None
-    assert save.stored.continues == prev  # a delete of what it compacted reaches it
+    # a delete of what it compacted reaches it: registered under the nearest stored response
+    # the store still holds, of the conversation's last `STORED_ABOVE`, nearest first
+    assert save.stored.continues == tuple(ids[:STORED_ABOVE]) and ids[0] == prev
     assert "c1" in encode(save.stored).meta.decode()  # the call made before the compaction
 
 
@@ -222,8 +226,8 @@ def test_after_a_store_false_parent_the_record_is_registered_under_the_stored_on
     r2, _ = complete(s, the_start(create(s, previous_response_id=r1, store=False)))
     _, out = complete(s, the_start(create(s, previous_response_id=r2)))
     [save] = saves(out)
-    assert save.stored.parent is None and save.stored.continues == r1
-    assert save.stored.entry.stored_tip == save.stored.entry.id
+    assert save.stored.parent is None and save.stored.continues == (r1,)
+    assert save.stored.entry.stored_above == (save.stored.entry.id, r1)
 
 
 def test_long_settings_and_their_echo_are_stored_once_by_content_and_read_back_exactly() -> None:
@@ -243,7 +247,7 @@ def test_long_settings_and_their_echo_are_stored_once_by_content_and_read_back_e
     }
     assert len(record.meta) < 1000 and len(record.response) < 200  # neither holds them
     pairs = [part for h, raw in record.shared.items() for part in (h.encode(), raw)]
-    reply = [record.response, len(record.shared), *pairs, record.segment, record.meta]
+    reply = [record.response, len(record.shared), *pairs, record.segment, record.meta, b""]
     back = decode("r1", reply)
     assert back is not None
     assert back.response == response  # byte for byte
@@ -266,8 +270,8 @@ def test_a_warm_up_chains_records_hold_only_their_own_unmoderated_text() -> None
         metas.append(record.meta)
         assert orjson.loads(record.meta)["unmoderated"] == [f"w{turn}"]
     reply: list[object] = [b"{}", 0]
-    for meta in reversed(metas):  # from the response itself back to its chain's start
-        reply += [b"", meta]
+    for turn, meta in reversed(list(enumerate(metas, 1))):  # from the response back
+        reply += [b"", meta, f"r{turn - 1}".encode() if turn > 1 else b""]
     back = decode("r200", reply)
     assert back is not None
     assert list(back.entry.unmoderated) == [f"w{t}" for t in range(1, 201)]

@@ -86,10 +86,11 @@ def _chain(store: MemoryStore, *links: tuple[str, str | None, str | None]) -> No
         seg = Segment((f'{{"said":"{rid}"}}'.encode(),))
         base = store.get(parent or continues or "", "o")
         if base is None:
-            entry = CachedResponse(rid, None, linked([seg]), stored_tip=rid)
+            entry = CachedResponse(rid, None, linked([seg]), stored_above=(rid,))
         else:
             entry = base.entry.child(rid, None, seg, {}, stored=True)
-        stored = StoredResponse(entry, b"{}", 1, parent=parent, continues=continues or parent)
+        above = continues or parent
+        stored = StoredResponse(entry, b"{}", 1, parent=parent, continues=(above,) if above else ())
         assert store.put(stored, "o") is WriteResult.STORED
 
 
@@ -113,7 +114,7 @@ def test_what_continues_a_deleted_response_is_not_stored_and_its_id_is_not_reuse
     later = r2.entry.child("r3", None, Segment((b"{}",)), {}, stored=True)
     assert store.put(StoredResponse(later, b"{}", 1, parent="r2"), "o") is WriteResult.DELETED
     fresh = CachedResponse("r3", None, linked([Segment((b"{}",))]))
-    whole = StoredResponse(fresh, b"{}", 1, continues="r2")  # written whole, after r2
+    whole = StoredResponse(fresh, b"{}", 1, continues=("r2",))  # written whole, after r2
     assert store.put(whole, "o") is WriteResult.DELETED
     again = StoredResponse(CachedResponse("r1", None, None), b"{}", 1)
     assert store.put(again, "o") is WriteResult.EXISTS
@@ -141,17 +142,17 @@ def test_a_response_after_a_dropped_write_is_deleted_with_the_nearest_stored_one
     r1 = store.get("r1", "o")
     assert r1 is not None
     r2 = r1.entry.child("r2", None, Segment((b'"' + b"x" * 8_000 + b'"',)), {}, stored=True)
-    dropped = StoredResponse(r2, b"{}", 1, parent="r1", continues="r1")
+    dropped = StoredResponse(r2, b"{}", 1, parent="r1", continues=("r1",))
     assert store.put(dropped, "o") is WriteResult.DROPPED
-    r3 = CachedResponse("r3", None, linked([Segment((b'{"said":"r3"}',))]), stored_tip="r3")
-    assert store.put(StoredResponse(r3, b"{}", 1, parent="r2", continues="r2"), "o") is (
+    r3 = CachedResponse("r3", None, linked([Segment((b'{"said":"r3"}',))]), stored_above=("r3",))
+    assert store.put(StoredResponse(r3, b"{}", 1, parent="r2", continues=("r2",)), "o") is (
         WriteResult.STORED
     )
     assert store.delete("r1", "o")
     assert store.get("r3", "o") is None
     # and what continues r3 now (from a socket's own cache) is not stored again
     r4 = CachedResponse("r4", None, linked([Segment((b"{}",))]))
-    assert store.put(StoredResponse(r4, b"{}", 1, continues="r2"), "o") is WriteResult.DELETED
+    assert store.put(StoredResponse(r4, b"{}", 1, continues=("r2",)), "o") is WriteResult.DELETED
 
 
 # ------------------------------------------- responses the store let go (core/store.py)
@@ -166,8 +167,9 @@ def _after(store: MemoryStore, rid: str, parent: str, *said: str) -> WriteResult
     """Store `rid` continuing `parent`, written whole (as a socket that still holds the
     conversation in its own cache writes it): `said` is the history before it."""
     segs = [Segment((f'{{"said":"{s}"}}'.encode(),)) for s in (*said, rid)]
-    entry = CachedResponse(rid, None, linked(segs), stored_tip=rid)
-    return store.put(StoredResponse(entry, b"{}", 1, parent=parent, continues=parent), "o")
+    entry = CachedResponse(rid, None, linked(segs), stored_above=(rid,))
+    above = (parent,) if parent else ()
+    return store.put(StoredResponse(entry, b"{}", 1, parent=parent, continues=above), "o")
 
 
 def test_a_response_after_an_evicted_one_is_deleted_with_what_came_before() -> None:
