@@ -101,6 +101,19 @@ async def continued(proxy: Proxy, rid: str) -> dict[str, Any]:
         return (await until_terminal(ws))[-1]
 
 
+async def deleted_with(proxy: Proxy, first: str, later: str, held: Callable[[], bytes]) -> None:
+    """`later`, stored and holding the secret, goes with a DELETE of `first`, everywhere:
+    its routes, a continuation, the store's bytes (`held`)."""
+    assert await http("GET", f"{proxy.http}/responses/{later}") == 200
+    assert SECRET.encode() in held()
+    assert await http("DELETE", f"{proxy.http}/responses/{first}") == 200
+    assert await http("GET", f"{proxy.http}/responses/{later}") == 404
+    assert await http("GET", f"{proxy.http}/responses/{later}/input_items") == 404
+    ev = await continued(proxy, later)
+    assert ev["error"]["code"] == "previous_response_not_found", ev
+    assert SECRET.encode() not in held()
+
+
 async def test_a_deleted_response_and_what_continues_it_are_gone_from_the_store(
     sim: Sim, proxy_factory: Callable[..., Awaitable[Proxy]], backend: dict[str, Any]
 ) -> None:
@@ -182,14 +195,7 @@ async def test_a_response_after_one_the_store_evicted_is_deleted_with_what_came_
         assert await http("GET", f"{proxy.http}/responses/{r2}") == 404  # evicted
         assert await http("GET", f"{proxy.http}/responses/{r1}") == 200  # now the other is
         r3 = await turn(ws, r2, "from this socket's own cache")
-    assert await http("GET", f"{proxy.http}/responses/{r3}") == 200
-    assert SECRET.encode() in everything_in_memory(proxy)
-    assert await http("DELETE", f"{proxy.http}/responses/{r1}") == 200
-    assert await http("GET", f"{proxy.http}/responses/{r3}") == 404
-    assert await http("GET", f"{proxy.http}/responses/{r3}/input_items") == 404
-    ev = await continued(proxy, r3)
-    assert ev["error"]["code"] == "previous_response_not_found", ev
-    assert SECRET.encode() not in everything_in_memory(proxy)
+    await deleted_with(proxy, r1, r3, lambda: everything_in_memory(proxy))
 
 
 def expire_now(client: redis.Redis, rid: str) -> None:
@@ -219,14 +225,7 @@ async def test_a_response_after_one_that_expired_in_redis_is_deleted_with_what_c
         assert await http("GET", f"{proxy.http}/responses/{r2}") == 404
         assert await http("GET", f"{proxy.http}/responses/{r1}") == 200
         r3 = await turn(ws, r2, "from this socket's own cache")
-    assert await http("GET", f"{proxy.http}/responses/{r3}") == 200
-    assert SECRET.encode() in everything_in_redis(client)
-    assert await http("DELETE", f"{proxy.http}/responses/{r1}") == 200
-    assert await http("GET", f"{proxy.http}/responses/{r3}") == 404
-    assert await http("GET", f"{proxy.http}/responses/{r3}/input_items") == 404
-    ev = await continued(proxy, r3)
-    assert ev["error"]["code"] == "previous_response_not_found", ev
-    assert SECRET.encode() not in everything_in_redis(client)
+    await deleted_with(proxy, r1, r3, lambda: everything_in_redis(client))
 
 
 async def test_a_chain_start_outlives_what_it_was_registered_under_and_is_still_deleted(
@@ -244,9 +243,4 @@ async def test_a_chain_start_outlives_what_it_was_registered_under_and_is_still_
         off = await turn(ws, r2, "off the record", store=False)
         r4 = await turn(ws, off, "back on the record")
     expire_now(client, r2)
-    assert await http("GET", f"{proxy.http}/responses/{r4}") == 200
-    assert await http("DELETE", f"{proxy.http}/responses/{r1}") == 200
-    assert await http("GET", f"{proxy.http}/responses/{r4}") == 404
-    ev = await continued(proxy, r4)
-    assert ev["error"]["code"] == "previous_response_not_found", ev
-    assert SECRET.encode() not in everything_in_redis(client)
+    await deleted_with(proxy, r1, r4, lambda: everything_in_redis(client))
