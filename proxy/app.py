@@ -38,6 +38,7 @@ from .sim.app import create_sim_app
 from .upstream.client import UpstreamClient
 from .upstream.moderation import Moderator
 from .upstream.pool import UpstreamPool
+from .upstream.pool_metrics import pool_families
 from .upstream.probe import PROBE_TIMEOUT, probe
 from .upstream.token_replicas import TokenReadiness
 from .upstream.tokenizer import TokenizeWorker, tokenize_url
@@ -190,7 +191,7 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_lifecycle)
     app.cleanup_ctx.append(_tokenizer)
     ops = install(app, settings, core.cache_budget, app[APP_STATE].pool)
-    ops.metrics.add_state(app[APP_STATE].pool.families)
+    ops.metrics.add_state(functools.partial(pool_families, app[APP_STATE].pool))
     st = settings.store
     if core.local_store is not None:
         app[APP_STATE].store = LocalStore(core.local_store)

@@ -24,12 +24,13 @@ they hold, so an upstream that reuses ids never makes one conversation replace a
 Deleting: a response's history holds every response before it, so `DELETE` of a response
 takes with it every stored response that continues it, directly or through others (its
 parent's, a compaction's or a `store: false` turn's descendants alike: `StoredResponse.
-continues`). Each stored response is registered under the one it continues (the first of
-its conversation's nearest stored responses, `CachedResponse.stored_above`, that the store
-still holds), and a delete walks that tree down; what it removed leaves a tombstone for `ttl_seconds`, so a socket that
-still holds the deleted conversation in its own cache cannot store it again (a write that
-continues a tombstone is `DELETED`, not stored) and its id is not given out again. Both
-stores do it the same way (the Redis one in its scripts, proxy/ops/redis_scripts.py).
+continues`). Each stored response is registered under the one it continues (the first of its
+conversation's nearest stored responses, `CachedResponse.stored_above`, that the store still
+holds), and a delete walks that tree down; what it removed leaves a tombstone for
+`ttl_seconds`, so a socket that still holds the deleted conversation in its own cache cannot
+store it again (a write that continues a tombstone is `DELETED`, not stored) and its id is
+not given out again. Both stores do it the same way (the Redis one in its scripts,
+proxy/ops/redis_scripts.py).
 
 A write the store did not make (dropped, or refused as continuing a deleted response) is
 remembered, bounded, with the stored responses its own was to be registered under

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, MutableMapping
+from types import TracebackType
 
 import aiohttp
 from aiohttp.streams import EofStream
@@ -22,9 +22,9 @@ from ..config import UpstreamSettings
 from ..core.errors import UpstreamError, upstream_http_error, upstream_redirect
 from ..core.urls import ROOT, redact_url, server_root, without_userinfo
 from ..logs import request_id_var
-from ..telemetry.context import ON, OUTGOING
+from ..telemetry.context import ON, OUTGOING, HttpSpan
 from .connector import CheckedConnector
-from .failures import describe, sent_then_closed
+from .failures import translated
 
 log = logging.getLogger("wsmode.upstream")
 
@@ -57,12 +57,6 @@ async def refuse_redirects(
         resp.release()
         raise RedirectRefused(resp.status)
     return resp
-
-
-class ConnectFailed(UpstreamError):
-    """No connection to the upstream could be opened (refused, name not resolved, connect
-    timeout): nothing of the request was sent, so another replica may take it
-    (upstream/pool.py)."""
 
 
 def overloaded(message: str) -> UpstreamError:
@@ -200,6 +194,108 @@ def request_body(pieces: list[bytes]) -> bytes:
     return b"".join(pieces)
 
 
+class UpstreamRequest:
+    """One model request (`UpstreamClient.stream`), an async context manager: entering it
+    sends the request and gives the chunks of its 200 answer; leaving drains the rest for
+    the connection's reuse, or closes it when the caller left early or failed. A class, not
+    a generator-based context manager: a model call makes no generator to step through, to
+    register with the event loop and to finalize."""
+
+    __slots__ = ("_base", "_body", "_chunks", "_client", "_gate", "_headers", "_on_sent",
+                 "_path", "_resp", "_span")  # fmt: skip
+
+    def __init__(
+        self,
+        client: UpstreamClient,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        on_sent: Callable[[], None] | None,
+        base: str,
+        gate: UpstreamGate,
+    ) -> None:
+        self._client = client
+        self._path = path
+        self._body = body
+        self._headers = headers
+        self._on_sent = on_sent
+        self._base = base
+        self._gate = gate
+        self._span: HttpSpan | None = None
+        self._resp: aiohttp.ClientResponse | None = None
+        self._chunks: _Chunks | None = None
+
+    async def __aenter__(self) -> _Chunks:
+        client, base, path = self._client, self._base, self._path
+        send = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+            "Accept-Encoding": "identity",
+            **self._headers,
+        }
+        client._outgoing_headers(send, base)  # the session's middleware's work (`_post`)
+        traced = OUTGOING.get() if ON[0] else None  # tracing on: the span it belongs to
+        if path.startswith(ROOT):  # the server's own endpoint, beside its /v1 API
+            base, path = server_root(base), path[len(ROOT) :]
+        await self._gate.__aenter__()
+        try:
+            if self._on_sent is not None:
+                self._on_sent()
+            # the request's own span, its context written into `traceparent`
+            span = self._span = (
+                None if traced is None else traced.request("POST", base + path, send)
+            )
+            try:
+                resp = await client._post(client._url(base + path), self._body, send)
+                if span is not None:
+                    span.answered(resp.status)
+                if resp.status != 200:
+                    try:
+                        body = await client._error_body(resp)
+                        raise upstream_http_error(
+                            resp.status, body, resp.headers, url=redact_url(base + path)
+                        )
+                    finally:
+                        resp.release()
+            except RedirectRefused as exc:
+                raise upstream_redirect(exc.status) from None
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                raise client._translate(exc, started=False, base=base) from exc
+        except BaseException as exc:
+            await self._left(exc)
+            raise
+        self._resp = resp
+        self._chunks = _Chunks(resp, client._translate, client.settings.read_timeout)
+        return self._chunks
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        resp, chunks = self._resp, self._chunks
+        assert resp is not None and chunks is not None
+        complete, error = False, exc
+        try:
+            if kind is None:  # read to its terminal event: what follows, for reuse
+                complete = await self._client._drain(resp)
+        except BaseException as err:
+            error = err
+            raise
+        finally:
+            chunks.close()
+            if complete:
+                resp.release()
+            else:
+                resp.close()
+            await self._left(error)
+
+    async def _left(self, error: BaseException | None) -> None:
+        """The request is over (answered and read, or failed): its span ends, its slot of
+        the gate is free."""
+        if self._span is not None:
+            self._span.end(error)
+        await self._gate.__aexit__(None, None, None)
+
+
 class UpstreamClient:
     def __init__(self, base_url: str, settings: UpstreamSettings) -> None:
         self.settings = settings
@@ -294,8 +390,7 @@ class UpstreamClient:
         if self.session is not None:
             await self.session.close()
 
-    @asynccontextmanager
-    async def stream(
+    def stream(
         self,
         path: str,
         body: bytes,
@@ -304,8 +399,9 @@ class UpstreamClient:
         *,
         base_url: str | None = None,
         gate: UpstreamGate | None = None,
-    ) -> AsyncIterator[AsyncIterator[bytes]]:
-        """POST `body` and yield an iterator over the raw chunks of a 200 answer.
+    ) -> UpstreamRequest:
+        """POST `body`; `async with` the request for an iterator over the raw chunks of a
+        200 answer.
 
         `base_url` and `gate`: a replica's (upstream/pool.py); by default the client's own.
         The request first waits for a slot of the gate (`upstream_overloaded` if it cannot
@@ -319,57 +415,8 @@ class UpstreamClient:
         tells the model server to stop generating.
         """
         assert self.session is not None, "UpstreamClient.start() was not awaited"
-        send = {
-            "Content-Type": "application/json",
-            "Accept": "text/event-stream",
-            "Accept-Encoding": "identity",
-            **headers,
-        }
         base = self.base_url if base_url is None else base_url
-        self._outgoing_headers(send, base)  # the session's middleware's work, for other requests
-        traced = OUTGOING.get() if ON[0] else None  # tracing on: the span it belongs to
-        if path.startswith(ROOT):  # the server's own endpoint, beside its /v1 API
-            base, path = server_root(base), path[len(ROOT) :]
-        async with (self.gate if gate is None else gate).slot():
-            if on_sent is not None:
-                on_sent()
-            # the request's own span, its context written into `traceparent`
-            span = None if traced is None else traced.request("POST", base + path, send)
-            error: BaseException | None = None
-            try:
-                try:
-                    resp = await self._post(self._url(base + path), body, send)
-                    if span is not None:
-                        span.answered(resp.status)
-                    if resp.status != 200:
-                        try:
-                            body = await self._error_body(resp)
-                            raise upstream_http_error(
-                                resp.status, body, resp.headers, url=redact_url(base + path)
-                            )
-                        finally:
-                            resp.release()
-                except RedirectRefused as exc:
-                    raise upstream_redirect(exc.status) from None
-                except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                    raise self._translate(exc, started=False, base=base) from exc
-                complete = False
-                chunks = _Chunks(resp, self._translate, self.settings.read_timeout)
-                try:
-                    yield chunks
-                    complete = await self._drain(resp)
-                finally:
-                    chunks.close()
-                    if complete:
-                        resp.release()
-                    else:
-                        resp.close()
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                if span is not None:
-                    span.end(error)
+        return UpstreamRequest(self, path, body, headers, on_sent, base, gate or self.gate)
 
     def _url(self, url: str) -> URL:
         """`url` parsed, once per endpoint (a replica's responses, chat or token path)."""
@@ -409,35 +456,7 @@ class UpstreamClient:
         self, exc: BaseException, started: bool, base: str | None = None
     ) -> UpstreamError:
         shown = self.shown(self.base_url if base is None else base)
-        if isinstance(exc, aiohttp.ConnectionTimeoutError) and not started:
-            return ConnectFailed(
-                f"cannot connect to the upstream at {shown} within "
-                f"{self.settings.connect_timeout:g}s",
-                status=504,
-                code="upstream_timeout",
-            )
-        if isinstance(exc, TimeoutError):
-            what = "stopped sending" if started else "did not answer"
-            return UpstreamError(
-                f"the upstream at {shown} {what} within {self.settings.read_timeout:g}s",
-                status=502 if started else 504,
-                started=started,
-                code="upstream_timeout",
-            )
-        reason = describe(exc)
-        if started:
-            message = f"the connection to the upstream at {shown} broke mid-stream ({reason})"
-            return UpstreamError(message, status=502, started=True, code="upstream_unavailable")
-        if sent_then_closed(exc):
-            message = (
-                f"the upstream at {shown} closed the connection after the request was sent, "
-                f"before answering ({reason}); it was not sent again, since the model may "
-                "have taken it"
-            )
-            return UpstreamError(message, status=502, code="upstream_unavailable")
-        message = f"cannot reach the upstream at {shown} ({reason})"
-        kind = ConnectFailed if isinstance(exc, aiohttp.ClientConnectorError) else UpstreamError
-        return kind(message, status=502, code="upstream_unavailable")
+        return translated(exc, started, shown, self.settings)
 
     async def _error_body(self, resp: aiohttp.ClientResponse) -> bytes:
         limit = self.settings.max_error_body_bytes

@@ -1,11 +1,20 @@
-"""What a network failure between the proxy and an upstream was, in a user's words, and
-whether the request may have been read before it."""
+"""What a network failure between the proxy and an upstream was, in a user's words, whether
+the request may have been read before it, and the `UpstreamError` it becomes."""
 
 from __future__ import annotations
 
 import os
 
 import aiohttp
+
+from ..config import UpstreamSettings
+from ..core.errors import UpstreamError
+
+
+class ConnectFailed(UpstreamError):
+    """No connection to the upstream could be opened (refused, name not resolved, connect
+    timeout): nothing of the request was sent, so another replica may take it
+    (upstream/pool.py)."""
 
 
 def describe(exc: BaseException) -> str:
@@ -47,4 +56,39 @@ def sent_then_closed(exc: BaseException) -> bool:
     )
 
 
-__all__ = ["describe", "sent_then_closed"]
+def translated(
+    exc: BaseException, started: bool, shown: str, settings: UpstreamSettings
+) -> UpstreamError:
+    """The `UpstreamError` a failure of a request to the upstream at `shown` (its URL as it
+    may be shown) is: before its answer's headers, or once it was `started`."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError) and not started:
+        return ConnectFailed(
+            f"cannot connect to the upstream at {shown} within {settings.connect_timeout:g}s",
+            status=504,
+            code="upstream_timeout",
+        )
+    if isinstance(exc, TimeoutError):
+        what = "stopped sending" if started else "did not answer"
+        return UpstreamError(
+            f"the upstream at {shown} {what} within {settings.read_timeout:g}s",
+            status=502 if started else 504,
+            started=started,
+            code="upstream_timeout",
+        )
+    reason = describe(exc)
+    if started:
+        message = f"the connection to the upstream at {shown} broke mid-stream ({reason})"
+        return UpstreamError(message, status=502, started=True, code="upstream_unavailable")
+    if sent_then_closed(exc):
+        message = (
+            f"the upstream at {shown} closed the connection after the request was sent, "
+            f"before answering ({reason}); it was not sent again, since the model may "
+            "have taken it"
+        )
+        return UpstreamError(message, status=502, code="upstream_unavailable")
+    message = f"cannot reach the upstream at {shown} ({reason})"
+    kind = ConnectFailed if isinstance(exc, aiohttp.ClientConnectorError) else UpstreamError
+    return kind(message, status=502, code="upstream_unavailable")
+
+
+__all__ = ["ConnectFailed", "describe", "sent_then_closed", "translated"]

@@ -41,13 +41,12 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 import aiohttp
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from yarl import URL
 
 from ..config import UpstreamSettings
@@ -56,7 +55,8 @@ from ..core.errors import UpstreamError
 from ..core.routing import stable_hash
 from ..core.urls import redact_url
 from ..telemetry.context import ON, OUTGOING
-from .client import ConnectFailed, UpstreamClient, UpstreamGate
+from .client import UpstreamClient, UpstreamGate, UpstreamRequest, _Chunks
+from .failures import ConnectFailed
 
 log = logging.getLogger("wsmode.upstream")
 
@@ -298,78 +298,18 @@ class UpstreamPool:
 
     # ---- requests
 
-    @asynccontextmanager
-    async def stream(
+    def stream(
         self,
         path: str,
         body: bytes,
         headers: Mapping[str, str],
         route: Route | None = None,
         on_sent: Callable[[], None] | None = None,
-    ) -> AsyncIterator[tuple[Replica, AsyncIterator[bytes]]]:
-        """`UpstreamClient.stream` on the replica `order` chooses: yields the replica that
-        answered and its chunks. A replica that cannot be connected to passes the request
-        to the next one; any other failure is raised as the client raises it."""
-        order, outcome = self.order(route)
-        traced = OUTGOING.get() if ON[0] else None  # tracing on: the turn's span
-        send = headers
-        name = self.settings.session_header
-        if name and route is not None:
-            send = {**headers, name: route.chain}
-        if len(order) == 1:  # one replica: no failover to set up
-            async with self._on(order[0], path, body, send, on_sent) as chunks:
-                if outcome is not None:
-                    self.affinity[outcome] += 1
-                    if traced is not None:
-                        traced.affinity(outcome)
-                yield order[0], chunks
-            return
-        async with AsyncExitStack() as stack:
-            for attempt, replica in enumerate(order):
-                try:
-                    chunks = await stack.enter_async_context(
-                        self._on(replica, path, body, send, on_sent)
-                    )
-                except ConnectFailed as err:
-                    if attempt + 1 == len(order):
-                        raise
-                    log.warning("%s; trying the next upstream replica", err.message)
-                    continue
-                if outcome is not None:
-                    placed = "moved" if attempt and outcome == "hit" else outcome
-                    self.affinity[placed] += 1
-                    if traced is not None:
-                        traced.affinity(placed)
-                yield replica, chunks
-                return
-
-    @asynccontextmanager
-    async def _on(
-        self,
-        replica: Replica,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        on_sent: Callable[[], None] | None,
-    ) -> AsyncIterator[AsyncIterator[bytes]]:
-        """One request on one replica, counted in its load, outcomes and health."""
-        replica.in_flight += 1
-        answered = failed = False
-        try:
-            async with self.client.stream(
-                path, body, headers, on_sent, base_url=replica.url, gate=replica.gate
-            ) as chunks:
-                answered = True
-                replica.health.succeeded()
-                yield chunks
-        except UpstreamError as err:
-            failed = True
-            self._failed(replica, err, answered)
-            raise
-        finally:
-            replica.in_flight -= 1
-            if answered and not failed:  # a 200 answer, read to its end or left early
-                replica.outcomes["ok"] += 1
+    ) -> PoolRequest:
+        """`UpstreamClient.stream` on the replica `order` chooses; `async with` it for the
+        replica that answered and its chunks. A replica that cannot be connected to passes
+        the request to the next one; any other failure is raised as the client raises it."""
+        return PoolRequest(self, path, body, headers, route, on_sent)
 
     def _failed(self, replica: Replica, err: UpstreamError, answered: bool) -> None:
         if answered or err.started:
@@ -449,52 +389,102 @@ class UpstreamPool:
 
     # ---- metrics
 
-    def families(self) -> Iterable[Metric]:
-        """The pool's metrics, read when /metrics is scraped (ops/metrics.py `add_state`)."""
-        now = self.clock()
-        requests = CounterMetricFamily(
-            "wsmode_upstream_replica_requests",
-            "Model requests by upstream replica and outcome (ok, http_4xx, http_5xx, "
-            "unavailable, timeout, overloaded, stream: failed after the answer began).",
-            labels=["upstream", "outcome"],
-        )
-        in_flight = GaugeMetricFamily(
-            "wsmode_upstream_replica_in_flight",
-            "Model requests placed on the replica and not finished (waiting ones included).",
-            labels=["upstream"],
-        )
-        healthy = GaugeMetricFamily(
-            "wsmode_upstream_replica_healthy",
-            "1 while the replica's active health checks pass.",
-            labels=["upstream"],
-        )
-        ejected = GaugeMetricFamily(
-            "wsmode_upstream_replica_ejected",
-            "1 while the replica is ejected after failed requests.",
-            labels=["upstream"],
-        )
-        ejections = CounterMetricFamily(
-            "wsmode_upstream_replica_ejections",
-            "Times the replica was ejected after upstream.eject_after_failures failures.",
-            labels=["upstream"],
-        )
-        for r in self.replicas:
-            for outcome in REQUEST_OUTCOMES:
-                requests.add_metric([r.name, outcome], r.outcomes[outcome])
-            in_flight.add_metric([r.name], r.in_flight)
-            healthy.add_metric([r.name], 1 if r.health.healthy else 0)
-            ejected.add_metric([r.name], 1 if r.health.ejected(now) else 0)
-            ejections.add_metric([r.name], r.health.ejections)
-        affinity = CounterMetricFamily(
-            "wsmode_upstream_affinity",
-            "Turns placed with affinity = conversation: hit (the parent's replica), new (a "
-            "new chain at its first choice), spilled (past the load bound, to the next), "
-            "moved (the parent's replica was unavailable).",
-            labels=["outcome"],
-        )
-        for outcome in AFFINITY_OUTCOMES:
-            affinity.add_metric([outcome], self.affinity[outcome])
-        yield from (requests, in_flight, healthy, ejected, ejections, affinity)
+
+class PoolRequest:
+    """One request through the pool (`UpstreamPool.stream`), an async context manager: a
+    class, like the client's request, so a model call makes no generator."""
+
+    __slots__ = ("_body", "_headers", "_on", "_on_sent", "_path", "_pool", "_route")
+
+    def __init__(
+        self,
+        pool: UpstreamPool,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        route: Route | None,
+        on_sent: Callable[[], None] | None,
+    ) -> None:
+        self._pool = pool
+        self._path = path
+        self._body = body
+        self._headers = headers
+        self._route = route
+        self._on_sent = on_sent
+        self._on: OnReplica | None = None  # the replica's request, once one took it
+
+    async def __aenter__(self) -> tuple[Replica, _Chunks]:
+        pool, route = self._pool, self._route
+        order, outcome = pool.order(route)
+        traced = OUTGOING.get() if ON[0] else None  # tracing on: the turn's span
+        send = self._headers
+        name = pool.settings.session_header
+        if name and route is not None:
+            send = {**send, name: route.chain}
+        last = len(order) - 1
+        for attempt, replica in enumerate(order):
+            request = pool.client.stream(
+                self._path, self._body, send, self._on_sent, base_url=replica.url, gate=replica.gate
+            )
+            on = OnReplica(pool, replica, request)
+            try:
+                chunks = await on.__aenter__()
+            except ConnectFailed as err:  # nothing was sent: the next replica may take it
+                if attempt == last:
+                    raise
+                log.warning("%s; trying the next upstream replica", err.message)
+                continue
+            self._on = on
+            if outcome is not None:
+                placed = "moved" if attempt and outcome == "hit" else outcome
+                pool.affinity[placed] += 1
+                if traced is not None:
+                    traced.affinity(placed)
+            return replica, chunks
+        raise AssertionError("the pool has no replica")  # never: it is made with one at least
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._on is not None:
+            await self._on.__aexit__(kind, exc, tb)
+
+
+class OnReplica:
+    """One request on one replica, counted in its load, outcomes and health."""
+
+    __slots__ = ("_pool", "_replica", "_request")
+
+    def __init__(self, pool: UpstreamPool, replica: Replica, request: UpstreamRequest) -> None:
+        self._pool = pool
+        self._replica = replica
+        self._request = request
+
+    async def __aenter__(self) -> _Chunks:
+        replica = self._replica
+        replica.in_flight += 1
+        try:
+            chunks = await self._request.__aenter__()
+        except BaseException as exc:
+            replica.in_flight -= 1
+            if isinstance(exc, UpstreamError):
+                self._pool._failed(replica, exc, False)
+            raise
+        replica.health.succeeded()
+        return chunks
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        replica = self._replica
+        try:
+            await self._request.__aexit__(kind, exc, tb)
+        finally:
+            replica.in_flight -= 1
+            if isinstance(exc, UpstreamError):  # the answer's stream failed (`started`)
+                self._pool._failed(replica, exc, True)
+            else:  # a 200 answer, read to its end or left early
+                replica.outcomes["ok"] += 1
 
 
 __all__ = ["Health", "Load", "Replica", "UpstreamPool", "bounded", "rendezvous"]
