@@ -12,6 +12,7 @@ import asyncio
 import base64
 import logging
 from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
 from types import TracebackType
 
 import aiohttp
@@ -194,6 +195,7 @@ def request_body(pieces: list[bytes]) -> bytes:
     return b"".join(pieces)
 
 
+@dataclass(slots=True, eq=False)
 class UpstreamRequest:
     """One model request (`UpstreamClient.stream`), an async context manager: entering it
     sends the request and gives the chunks of its 200 answer; leaving drains the rest for
@@ -201,52 +203,37 @@ class UpstreamRequest:
     a generator-based context manager: a model call makes no generator to step through, to
     register with the event loop and to finalize."""
 
-    __slots__ = ("_base", "_body", "_chunks", "_client", "_gate", "_headers", "_on_sent",
-                 "_path", "_resp", "_span")  # fmt: skip
-
-    def __init__(
-        self,
-        client: UpstreamClient,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        on_sent: Callable[[], None] | None,
-        base: str,
-        gate: UpstreamGate,
-    ) -> None:
-        self._client = client
-        self._path = path
-        self._body = body
-        self._headers = headers
-        self._on_sent = on_sent
-        self._base = base
-        self._gate = gate
-        self._span: HttpSpan | None = None
-        self._resp: aiohttp.ClientResponse | None = None
-        self._chunks: _Chunks | None = None
+    client: UpstreamClient
+    path: str
+    body: bytes
+    headers: Mapping[str, str]
+    on_sent: Callable[[], None] | None
+    base: str
+    gate: UpstreamGate
+    span: HttpSpan | None = field(default=None, init=False)
+    resp: aiohttp.ClientResponse | None = field(default=None, init=False)
+    chunks: _Chunks | None = field(default=None, init=False)
 
     async def __aenter__(self) -> _Chunks:
-        client, base, path = self._client, self._base, self._path
+        client, base, path = self.client, self.base, self.path
         send = {
             "Content-Type": "application/json",
             "Accept": "text/event-stream",
             "Accept-Encoding": "identity",
-            **self._headers,
+            **self.headers,
         }
         client._outgoing_headers(send, base)  # the session's middleware's work (`_post`)
         traced = OUTGOING.get() if ON[0] else None  # tracing on: the span it belongs to
         if path.startswith(ROOT):  # the server's own endpoint, beside its /v1 API
             base, path = server_root(base), path[len(ROOT) :]
-        await self._gate.__aenter__()
+        await self.gate.__aenter__()
         try:
-            if self._on_sent is not None:
-                self._on_sent()
+            if self.on_sent is not None:
+                self.on_sent()
             # the request's own span, its context written into `traceparent`
-            span = self._span = (
-                None if traced is None else traced.request("POST", base + path, send)
-            )
+            span = self.span = None if traced is None else traced.request("POST", base + path, send)
             try:
-                resp = await client._post(client._url(base + path), self._body, send)
+                resp = await client._post(client._url(base + path), self.body, send)
                 if span is not None:
                     span.answered(resp.status)
                 if resp.status != 200:
@@ -264,19 +251,19 @@ class UpstreamRequest:
         except BaseException as exc:
             await self._left(exc)
             raise
-        self._resp = resp
-        self._chunks = _Chunks(resp, client._translate, client.settings.read_timeout)
-        return self._chunks
+        self.resp = resp
+        self.chunks = _Chunks(resp, client._translate, client.settings.read_timeout)
+        return self.chunks
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        resp, chunks = self._resp, self._chunks
+        resp, chunks = self.resp, self.chunks
         assert resp is not None and chunks is not None
         complete, error = False, exc
         try:
             if kind is None:  # read to its terminal event: what follows, for reuse
-                complete = await self._client._drain(resp)
+                complete = await self.client._drain(resp)
         except BaseException as err:
             error = err
             raise
@@ -291,9 +278,9 @@ class UpstreamRequest:
     async def _left(self, error: BaseException | None) -> None:
         """The request is over (answered and read, or failed): its span ends, its slot of
         the gate is free."""
-        if self._span is not None:
-            self._span.end(error)
-        await self._gate.__aexit__(None, None, None)
+        if self.span is not None:
+            self.span.end(error)
+        await self.gate.__aexit__(None, None, None)
 
 
 class UpstreamClient:

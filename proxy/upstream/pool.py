@@ -390,41 +390,31 @@ class UpstreamPool:
     # ---- metrics
 
 
+@dataclass(slots=True, eq=False)
 class PoolRequest:
     """One request through the pool (`UpstreamPool.stream`), an async context manager: a
     class, like the client's request, so a model call makes no generator."""
 
-    __slots__ = ("_body", "_headers", "_on", "_on_sent", "_path", "_pool", "_route")
-
-    def __init__(
-        self,
-        pool: UpstreamPool,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        route: Route | None,
-        on_sent: Callable[[], None] | None,
-    ) -> None:
-        self._pool = pool
-        self._path = path
-        self._body = body
-        self._headers = headers
-        self._route = route
-        self._on_sent = on_sent
-        self._on: OnReplica | None = None  # the replica's request, once one took it
+    pool: UpstreamPool
+    path: str
+    body: bytes
+    headers: Mapping[str, str]
+    route: Route | None
+    on_sent: Callable[[], None] | None
+    taken: OnReplica | None = field(default=None, init=False)  # on the replica that took it
 
     async def __aenter__(self) -> tuple[Replica, _Chunks]:
-        pool, route = self._pool, self._route
+        pool, route = self.pool, self.route
         order, outcome = pool.order(route)
         traced = OUTGOING.get() if ON[0] else None  # tracing on: the turn's span
-        send = self._headers
+        send = self.headers
         name = pool.settings.session_header
         if name and route is not None:
             send = {**send, name: route.chain}
         last = len(order) - 1
         for attempt, replica in enumerate(order):
             request = pool.client.stream(
-                self._path, self._body, send, self._on_sent, base_url=replica.url, gate=replica.gate
+                self.path, self.body, send, self.on_sent, base_url=replica.url, gate=replica.gate
             )
             on = OnReplica(pool, replica, request)
             try:
@@ -434,7 +424,7 @@ class PoolRequest:
                     raise
                 log.warning("%s; trying the next upstream replica", err.message)
                 continue
-            self._on = on
+            self.taken = on
             if outcome is not None:
                 placed = "moved" if attempt and outcome == "hit" else outcome
                 pool.affinity[placed] += 1
@@ -446,29 +436,27 @@ class PoolRequest:
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._on is not None:
-            await self._on.__aexit__(kind, exc, tb)
+        if self.taken is not None:
+            await self.taken.__aexit__(kind, exc, tb)
 
 
+@dataclass(slots=True, eq=False)
 class OnReplica:
     """One request on one replica, counted in its load, outcomes and health."""
 
-    __slots__ = ("_pool", "_replica", "_request")
-
-    def __init__(self, pool: UpstreamPool, replica: Replica, request: UpstreamRequest) -> None:
-        self._pool = pool
-        self._replica = replica
-        self._request = request
+    pool: UpstreamPool
+    replica: Replica
+    request: UpstreamRequest
 
     async def __aenter__(self) -> _Chunks:
-        replica = self._replica
+        replica = self.replica
         replica.in_flight += 1
         try:
-            chunks = await self._request.__aenter__()
+            chunks = await self.request.__aenter__()
         except BaseException as exc:
             replica.in_flight -= 1
             if isinstance(exc, UpstreamError):
-                self._pool._failed(replica, exc, False)
+                self.pool._failed(replica, exc, False)
             raise
         replica.health.succeeded()
         return chunks
@@ -476,13 +464,13 @@ class OnReplica:
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        replica = self._replica
+        replica = self.replica
         try:
-            await self._request.__aexit__(kind, exc, tb)
+            await self.request.__aexit__(kind, exc, tb)
         finally:
             replica.in_flight -= 1
             if isinstance(exc, UpstreamError):  # the answer's stream failed (`started`)
-                self._pool._failed(replica, exc, True)
+                self.pool._failed(replica, exc, True)
             else:  # a 200 answer, read to its end or left early
                 replica.outcomes["ok"] += 1
 
