@@ -51,6 +51,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from sys import getsizeof
 from typing import Protocol
 
 from .conversation import STORED_ABOVE, CacheBudget, CachedResponse, Leaving, ResponseCache
@@ -142,25 +143,39 @@ class LostWrites:
     """The ids a store did not write, each with the stored responses (nearest first) that a
     response continuing it is to be registered under instead (the module's doc). Bounded:
     the oldest are forgotten first; a response continuing a forgotten one is registered
-    under nothing, as before a store remembered them."""
+    under nothing, as before a store remembered them.
 
-    __slots__ = ("_bound", "_unders")
+    `nbytes` is what they may hold (a part of the process memory budget in process): each
+    note its key, its tuple, its ids' strings as if it alone held them (when the responses it
+    names are gone, it does) and its place in the order (`PLACE`, measured with tracemalloc,
+    docs/memory.md)."""
+
+    __slots__ = ("_bound", "_unders", "nbytes")
 
     DEPTH = STORED_ABOVE  # candidates kept per lost write
+    PLACE = 90  # bytes of an ordered dict's slot and link per note (measured: 45-90)
 
     def __init__(self, bound: int) -> None:
         self._unders: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         self._bound = max(1, bound)
+        self.nbytes = 0
 
     def __len__(self) -> int:
         return len(self._unders)
 
     def note(self, key: str, unders: tuple[str, ...]) -> None:
         """`key`'s write was not made; what continues it goes under `unders`."""
-        self._unders[key] = unders[: self.DEPTH]
-        self._unders.move_to_end(key)
-        while len(self._unders) > self._bound:
-            self._unders.popitem(last=False)
+        kept = self._unders
+        if (before := kept.get(key)) is not None:
+            self.nbytes -= self._cost(key, before)
+        kept[key] = unders = unders[: self.DEPTH]
+        kept.move_to_end(key)
+        self.nbytes += self._cost(key, unders)
+        while len(kept) > self._bound:
+            self.nbytes -= self._cost(*kept.popitem(last=False))
+
+    def _cost(self, key: str, unders: tuple[str, ...]) -> int:
+        return self.PLACE + getsizeof(key) + getsizeof(unders) + sum(map(getsizeof, unders))
 
     def after(self, key: str, stored: StoredResponse) -> tuple[str, ...]:
         """Where `stored`, continuing the response whose store key is `key`, is registered:
@@ -186,8 +201,10 @@ class MemoryStore:
         costs: Overheads = HELD,  # what each entry is charged beside its items' bytes
     ) -> None:
         budget = CacheBudget(max_entries, max_bytes, memory, costs)
+        self._lost = LostWrites(max_entries)
         if memory is not None:
             memory.add_part("store", budget)
+            memory.add_part("lost_writes", self._lost)  # bounded; the store makes room for it
         self._cache = ResponseCache(budget, max_entries, max_bytes)
         self._meta: dict[str, StoredResponse] = {}
         self._expiry: OrderedDict[str, float] = OrderedDict()  # insertion order = expiry order
@@ -195,7 +212,6 @@ class MemoryStore:
         self._kids: dict[str, set[str]] = {}
         self._tombs: OrderedDict[str, float] = OrderedDict()  # deleted keys, by expiry
         self._max_tombs = max(1, max_entries)
-        self._lost = LostWrites(max_entries)
         self._ttl = ttl_seconds
         self._clock = clock
         self._cache.on_evict = self._forget

@@ -5,10 +5,13 @@ holds."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 from wsmode.core.conversation import EMPTY, CacheBudget, ResponseCache, Segment
+from wsmode.core.ids import new_id
 from wsmode.core.memory import HELD, SETTINGS_FACTOR, MemoryBudget
-from wsmode.core.store import MemoryStore, StoredResponse
+from wsmode.core.store import LostWrites, MemoryStore, StoredResponse
 
 from tests.support.held_costs import (
     Measured,
@@ -95,3 +98,44 @@ def test_at_a_small_budget_a_chain_is_cut_where_its_objects_fill_it() -> None:
     per_link = HELD.link + HELD.item + 10
     assert kept == (100_000 - HELD.entry) // per_link
     assert memory.nbytes <= memory.max_bytes
+
+
+def _lost_writes_held(notes: int, shared: bool) -> tuple[int, int]:
+    """(bytes held, bytes charged) by `notes` lost writes, each naming eight responses whose
+    ids are held elsewhere too (`shared`, as while those responses are stored) or only by
+    the note (once they are gone); ids as wsmode mints them."""
+    ids = [new_id("resp") for _ in range(LostWrites.DEPTH)]
+    lost = LostWrites(notes)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for _ in range(notes):
+        names = tuple(ids) if shared else tuple(new_id("resp") for _ in ids)
+        lost.note(f"anonymous\x00{new_id('resp')}", names)
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return held, lost.nbytes
+
+
+def test_lost_writes_are_charged_what_they_may_hold() -> None:
+    """Charged as if each note alone held its ids: about what it holds once the responses
+    it names are gone, more (never less) while they are stored."""
+    held, charged = _lost_writes_held(4000, shared=False)
+    assert 0.9 * held <= charged <= 1.2 * held, (charged, held)
+    held, charged = _lost_writes_held(4000, shared=True)
+    assert held <= charged <= 5 * held, (charged, held)
+
+
+def test_the_store_s_lost_writes_are_a_part_of_the_budget_and_stay_bounded() -> None:
+    memory = MemoryBudget(HUGE)
+    store = MemoryStore(4, HUGE, 1e9, lambda: 0.0, memory)
+    parent = EMPTY
+    for turn in range(40):  # each put past 4 entries evicts one, remembered as a lost write
+        entry = parent.child(f"r{turn}", None, Segment((b"{}",)), {}, stored=True)
+        under = parent.id or None
+        continues = parent.stored_above
+        assert store.put(StoredResponse(entry, b"{}", 1, parent=under, continues=continues), "o")
+        assert store.get("r0", "o") is not None  # read: the ones after it go first
+        parent = entry
+    part = memory.parts()["lost_writes"]
+    assert 0 < part <= 4 * (LostWrites.PLACE + 1500)  # at most `max_entries` notes, each < 1.6 KB
+    assert memory.nbytes == part + memory.parts()["store"]
