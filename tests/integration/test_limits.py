@@ -30,7 +30,7 @@ from tests.support.helpers import (
 )
 
 ProxyFactory = Callable[..., Awaitable[Proxy]]
-PARTS = ("cache", "store", "queued", "outbound")  # the parts of the process memory budget
+PARTS = ("cache", "store", "lost_writes", "queued", "outbound")  # the memory budget's parts
 
 
 async def test_connections_beyond_the_limit_get_503(sim: Sim, proxy_factory: ProxyFactory) -> None:
