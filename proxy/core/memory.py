@@ -1,9 +1,11 @@
 """`MemoryBudget`: one process-wide bound on the bytes clients can make the proxy hold.
 
-Four parts count against it, each still within its own bound:
+Five parts count against it, each still within its own bound:
 
 - `cache`: the connection caches (proxy/core/conversation.py; `cache.process_max_*`),
 - `store`: the response store (proxy/core/store.py; `store.max_*`),
+- `lost_writes`: what that store remembers of the writes it did not make and the responses
+  it let go, for a `DELETE` to reach what continues them (`store.max_entries` of them),
 - `queued`: the `response.create` messages waiting on their connection
   (`limits.max_queued_bytes_per_connection` each),
 - `outbound`: the bytes written for clients and not yet taken by their sockets
@@ -14,7 +16,8 @@ store can: a put that takes the total past the budget evicts that part's least r
 entries until it fits (or the put is refused, as for its own bound). Queued creates cannot be
 dropped once accepted, so a create is refused instead (429 `too_many_queued_requests`) when
 queued and outbound bytes with it would exceed the budget. Outbound bytes are bounded per
-connection by backpressure; they are counted, so the other parts make room for them.
+connection by backpressure; they are counted, so the other parts make room for them. So are
+the remembered writes, bounded by their count: the caches and the store make room for them.
 
 What a cached or stored response is charged is what it holds (`Overheads`, docs/memory.md
 "What an entry costs"): its items' bytes, its token turns on the token path, and the
