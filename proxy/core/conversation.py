@@ -38,7 +38,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import field
-from typing import Any, Literal
+from typing import Any
 
 from lru import LRU
 
@@ -213,9 +213,6 @@ def holds_compaction(items: Iterable[bytes]) -> bool:
 
 
 EMPTY = CachedResponse("", None, None)
-# why an entry left a cache (`ResponseCache.on_evict`): to stay within a bound, its time ran
-# out (the store's TTL), or its owner let it go (deleted, a failed turn's parent, replaced)
-Leaving = Literal["bound", "expired", "dropped"]
 
 
 class CacheBudget:
@@ -272,7 +269,7 @@ class CacheBudget:
     def enforce(self) -> None:
         while self.over() and len(self._order):
             (_, rid), owner = self._order.peek_last_item()
-            owner.evict(rid, "bound")
+            owner.evict(rid)
             self.evictions += 1
 
 
@@ -297,9 +294,9 @@ class ResponseCache:
         # held links -> the entries ending at them plus the held links right after them
         self._refs: dict[Link, int] = {}
         self._turns = HeldTurns(budget.costs.turn)  # the token turns, counted the same way
-        # called with the id of every entry that leaves (evicted, replaced or cleared) and why,
-        # so an owner that keeps more per entry (the store) forgets it in O(1)
-        self.on_evict: Callable[[str, Leaving], None] | None = None
+        # called with the id of every entry that leaves (evicted, replaced or cleared), so an
+        # owner that keeps more per entry (the store) forgets it in O(1)
+        self.on_evict: Callable[[str], None] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -356,7 +353,7 @@ class ResponseCache:
         while (self.nbytes > self.max_bytes or len(self._entries) > self.max_entries) and len(
             self._order
         ):
-            self.evict(self._order.peek_last_item()[0], "bound")
+            self.evict(self._order.peek_last_item()[0])
             self.evictions += 1
         self.budget.enforce()
 
@@ -410,7 +407,7 @@ class ResponseCache:
             link = link.up
         return freed
 
-    def evict(self, rid: str, why: Leaving = "dropped") -> bool:
+    def evict(self, rid: str) -> bool:
         entry = self._entries.pop(rid, None)
         if entry is None:
             return False
@@ -423,7 +420,7 @@ class ResponseCache:
         self.budget.nbytes -= freed
         self.budget.entries -= 1
         if self.on_evict is not None:
-            self.on_evict(rid, why)
+            self.on_evict(rid)
         return True
 
     def pin(self, rid: str) -> bool:

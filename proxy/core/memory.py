@@ -4,8 +4,8 @@ Five parts count against it, each still within its own bound:
 
 - `cache`: the connection caches (proxy/core/conversation.py; `cache.process_max_*`),
 - `store`: the response store (proxy/core/store.py; `store.max_*`),
-- `lost_writes`: what that store remembers of the writes it did not make and the responses
-  it let go, for a `DELETE` to reach what continues them (`store.max_entries` of them),
+- `lost_writes`: what that store remembers of the writes it did not make, for a `DELETE` to
+  reach what continues them (`store.max_entries` of them),
 - `queued`: the `response.create` messages waiting on their connection
   (`limits.max_queued_bytes_per_connection` each),
 - `outbound`: the bytes written for clients and not yet taken by their sockets

@@ -38,10 +38,10 @@ remembered, bounded, with the stored responses its own was to be registered unde
 is stored, so a delete of that one reaches it, as it reaches the lost one's place in the
 chain. Only this process knows of its lost writes, and only this process can continue
 them: a response that was not stored is continued only from the cache of the connection
-that made it. The in-process store remembers the same way a response it let go to stay
-within its bounds, or at the end of its TTL, with the stored responses it was registered
-under: a connection that still holds it may continue it. A deleted one is not remembered
-so: its tombstone is what refuses its continuations.
+that made it. A response a store let go (the in-process one to stay within its bounds, or
+either at the end of its TTL) needs no such note: a connection that still holds it may
+continue it, and what it stores then names the stored responses before it (`stored_above`),
+so it is registered under the first of them still stored.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from dataclasses import dataclass, replace
 from sys import getsizeof
 from typing import Protocol
 
-from .conversation import STORED_ABOVE, CacheBudget, CachedResponse, Leaving, ResponseCache
+from .conversation import STORED_ABOVE, CacheBudget, CachedResponse, ResponseCache
 from .memory import HELD, MemoryBudget, Overheads
 from .tokens.chain import TokenTurn
 
@@ -187,9 +187,8 @@ class LostWrites:
 class MemoryStore:
     """The in-process store. Besides the entries: the tree of which stored response each is
     registered under (`_up`, `_kids`: the module's "Deleting"; an entry the cache lets go
-    hands its children to its own parent, so a delete above it still reaches them, and is
-    remembered among the lost writes unless it was deleted) and the tombstones of deleted
-    ids, bounded like the entries."""
+    hands its children to its own parent, so a delete above it still reaches them) and the
+    tombstones of deleted ids, bounded like the entries."""
 
     def __init__(
         self,
@@ -288,20 +287,19 @@ class MemoryStore:
                 break
             del self._expiry[key]
             self._meta.pop(key, None)
-            self._cache.evict(key, "expired")
+            self._cache.evict(key)
         while self._tombs and next(iter(self._tombs.values())) <= now:
             self._tombs.popitem(last=False)
 
-    def _forget(self, key: str, why: Leaving = "dropped") -> None:
+    def _forget(self, key: str) -> None:
         """The cache let `key` go (a bound, expiry, a delete): drop what is kept beside it,
-        and hand its children to the entry it is registered under. Unless it was dropped on
-        purpose (a delete), remember it as a lost write: what continues it later is
-        registered under the stored responses it was under (the module's doc)."""
+        and hand its children to the entry it is registered under. Nothing more is needed
+        for what continues it later from a socket's own cache: that carries the ids of the
+        stored responses before it (`stored_above`), and is registered under the first of
+        them still stored."""
         self._meta.pop(key, None)
         self._expiry.pop(key, None)
         up = self._up.pop(key, None)
-        if up is not None and why != "dropped":
-            self._lost.note(key, self._above(up))
         if up is not None and (siblings := self._kids.get(up)) is not None:
             siblings.discard(key)
             if not siblings:
@@ -316,16 +314,3 @@ class MemoryStore:
                 self._up[kid] = up
         if up is not None:
             self._kids.setdefault(up, set()).update(kids)
-
-    def _above(self, key: str) -> tuple[str, ...]:
-        """The ids of stored `key` and of those it is registered under, nearest first: at
-        most `LostWrites.DEPTH`, so one that leaves later still has the rest behind it."""
-        out: list[str] = []
-        at: str | None = key
-        while at is not None and len(out) < LostWrites.DEPTH:
-            stored = self._meta.get(at)
-            if stored is None:
-                break
-            out.append(stored.entry.id)
-            at = self._up.get(at)
-        return tuple(out)

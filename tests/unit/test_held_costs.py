@@ -11,7 +11,7 @@ import pytest
 from wsmode.core.conversation import EMPTY, CacheBudget, ResponseCache, Segment
 from wsmode.core.ids import new_id
 from wsmode.core.memory import HELD, SETTINGS_FACTOR, MemoryBudget
-from wsmode.core.store import LostWrites, MemoryStore, StoredResponse
+from wsmode.core.store import LostWrites, MemoryStore, StoredResponse, WriteResult
 
 from tests.support.held_costs import (
     Measured,
@@ -127,15 +127,14 @@ def test_lost_writes_are_charged_what_they_may_hold() -> None:
 
 def test_the_store_s_lost_writes_are_a_part_of_the_budget_and_stay_bounded() -> None:
     memory = MemoryBudget(HUGE)
-    store = MemoryStore(4, HUGE, 1e9, lambda: 0.0, memory)
-    parent = EMPTY
-    for turn in range(40):  # each put past 4 entries evicts one, remembered as a lost write
+    store = MemoryStore(4, 4096, 1e9, lambda: 0.0, memory)
+    parent = EMPTY.child("r0", None, Segment((b"{}",)), {}, stored=True)
+    assert store.put(StoredResponse(parent, b"{}", 1), "o") is WriteResult.STORED
+    big = b'"' + b"x" * 8192 + b'"'  # a response object past store.max_bytes: not kept
+    for turn in range(1, 41):  # each write refused, and remembered for what continues it
         entry = parent.child(f"r{turn}", None, Segment((b"{}",)), {}, stored=True)
-        under = parent.id or None
-        continues = parent.stored_above
-        assert store.put(StoredResponse(entry, b"{}", 1, parent=under, continues=continues), "o")
-        assert store.get("r0", "o") is not None  # read: the ones after it go first
-        parent = entry
+        stored = StoredResponse(entry, big, 1, parent="r0", continues=parent.stored_above)
+        assert store.put(stored, "o") is WriteResult.DROPPED
     part = memory.parts()["lost_writes"]
     assert 0 < part <= 4 * (LostWrites.PLACE + 1500)  # at most `max_entries` notes, each < 1.6 KB
     assert memory.nbytes == part + memory.parts()["store"]

@@ -165,10 +165,11 @@ def _held_text(store: MemoryStore) -> bytes:
 
 def _after(store: MemoryStore, rid: str, parent: str, *said: str) -> WriteResult:
     """Store `rid` continuing `parent`, written whole (as a socket that still holds the
-    conversation in its own cache writes it): `said` is the history before it."""
+    conversation in its own cache writes it): `said` is the history before it, every one of
+    them stored, so it continues them nearest first (its parent's `stored_above`)."""
     segs = [Segment((f'{{"said":"{s}"}}'.encode(),)) for s in (*said, rid)]
-    entry = CachedResponse(rid, None, linked(segs), stored_above=(rid,))
-    above = (parent,) if parent else ()
+    entry = CachedResponse(rid, None, linked(segs), stored_above=(rid, *reversed(said)))
+    above = tuple(reversed(said)) if parent else ()
     return store.put(StoredResponse(entry, b"{}", 1, parent=parent, continues=above), "o")
 
 
@@ -190,7 +191,7 @@ def test_a_response_after_an_evicted_one_is_deleted_with_what_came_before() -> N
     assert b"r1" not in _held_text(store)
 
 
-def test_the_ancestors_of_an_evicted_response_are_remembered_past_its_parent() -> None:
+def test_a_response_after_two_evicted_ones_is_deleted_with_the_one_before_them() -> None:
     # r3 leaves while r2 is stored, then r2 leaves too (the process memory budget, this
     # time): a response continuing r3 is registered under r1, the nearest still stored
     budget = MemoryBudget(1 << 30)
@@ -198,14 +199,11 @@ def test_the_ancestors_of_an_evicted_response_are_remembered_past_its_parent() -
     _chain(store, ("r1", None, None), ("r2", "r1", None), ("r3", "r2", None))
     for rid in ("r2", "r1"):
         assert store.get(rid, "o") is not None  # r3 is now the least recently used
-    # full but for what an eviction leaves remembered (the budget's `lost_writes` part): the
-    # next put evicts one response
-    budget.max_bytes = budget.nbytes + 1024
+    budget.max_bytes = budget.nbytes  # full: the next put evicts
     _chain(store, ("x", None, None))
     assert store.get("r3", "o") is None and store.get("r2", "o") is not None
     for rid in ("x", "r1"):
         assert store.get(rid, "o") is not None  # r2 is now the least recently used
-    budget.max_bytes = budget.nbytes + 1024
     _chain(store, ("y", None, None))
     assert store.get("r2", "o") is None and store.get("r1", "o") is not None
     budget.max_bytes = 1 << 30
@@ -227,14 +225,15 @@ def test_a_deleted_response_stays_a_tombstone_for_what_continues_it() -> None:
     assert _held_text(store) == b'{"said":"r1"}'
 
 
-def test_an_expired_response_is_remembered_like_an_evicted_one() -> None:
+def test_a_response_after_an_expired_one_is_deleted_like_one_after_an_evicted_one() -> None:
     # in process, what a response is registered under expires before it (puts expire in
     # their order), so none is left to register a later continuation under; should one be,
-    # an expired response is remembered as an evicted one is (it was not deleted)
+    # what continues an expired response goes under it, as after an evicted one (it was not
+    # deleted)
     clock = [0.0]
     store = MemoryStore(100, 2**40, 10.0, lambda: clock[0])
     _chain(store, ("r1", None, None), ("r2", "r1", None))
-    store._cache.evict("o:r2", "expired")  # as if its time ran out before r1's
+    store._cache.evict("o:r2")  # as if its time ran out before r1's
     assert _after(store, "r3", "r2", "r1", "r2") is WriteResult.STORED
     assert store.delete("r1", "o")
     assert store.get("r3", "o") is None
