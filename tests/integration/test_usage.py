@@ -21,6 +21,7 @@ from tests.support.helpers import (
     recv,
     sample,
     scrape,
+    scrape_until,
     seconds,
     send,
     serve,
@@ -84,7 +85,10 @@ async def test_jsonl_record_per_response(
     # what the cache saved: the second turn's client frame was small, its upstream body not
     assert two["bytes"]["from_client"] < 300 < two["bytes"]["to_upstream"]
     assert "sk-customer-1" not in path.read_text()
-    m = await scrape(proxy)
+    # the writer counts a batch once its append returned: the lines can be read before that
+    m = await scrape_until(
+        proxy, lambda m: sample(m, "wsmode_usage_records_total", result="written") >= 4
+    )
     assert sample(m, "wsmode_usage_records_total", result="written") == 4
 
 
