@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from .model import ToolCall
@@ -74,9 +75,39 @@ def _calls(body: str) -> list[dict[str, Any]]:
     return items
 
 
+Turn = tuple[str, str]  # a template turn: its role ("user" or "model") and its body
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """A prompt's template turns from some offset on, and how many of them (`final`, ending
+    at `end`) a longer prompt beginning with this one reads the same: all but a last turn
+    that runs to the prompt's end, which may read otherwise once the prompt goes on."""
+
+    turns: list[Turn]
+    final: int
+    end: int
+
+
+def turns_from(prompt: str, start: int = 0) -> Read:
+    """The template's turns in `prompt` from `start` on. A continuation of a prompt already
+    read is read from its `end` on: its turns are the same as read whole."""
+    turns: list[Turn] = []
+    ends: list[int] = []
+    for m in _TURN.finditer(prompt, start):
+        turns.append((m.group(1), m.group(2)))
+        ends.append(m.end())
+    final = len(turns) - (1 if ends and ends[-1] == len(prompt) else 0)
+    return Read(turns, final, ends[final - 1] if final else start)
+
+
 def view(prompt: str) -> dict[str, Any]:
     """The prompt as the Responses request `plan` reads: its items, and its tools."""
-    turns = _TURN.findall(prompt)
+    return view_turns(turns_from(prompt).turns, prompt)
+
+
+def view_turns(turns: list[Turn], prompt: str) -> dict[str, Any]:
+    """`view` of a prompt whose turns (`turns_from`) are `turns`."""
     if not turns:
         return {"input": prompt}
     items: list[dict[str, Any]] = []

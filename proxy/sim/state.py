@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from .prefix_cache import Lookup, PrefixCache, prompt_bytes
+from .rendered import Turn
 from .settings import SimSettings
 from .vocab import burn
 
@@ -23,6 +24,19 @@ from .vocab import burn
 class Prefilled:
     prompt: bytes | None  # as the prefix cache saw it; None: the prefix-cache model is off
     cached: int  # prompt tokens found in the cache
+
+
+@dataclass(slots=True)
+class Slot:
+    """A token slot's last prompt and what it generated after it, with what was read of the
+    prompt: its text and its template turns (sim/rendered.py `turns_from`), so that a
+    continuation's ids past it are the only ones checked, decoded and read again."""
+
+    prompt: list[int]
+    generated: list[int]
+    text: str
+    turns: list[Turn]  # the prompt's turns that a longer prompt reads the same
+    read_to: int  # where in `text` those turns end
 
 
 @dataclass
@@ -45,11 +59,9 @@ class SimState:
     last_headers: dict[str, str] = field(default_factory=dict)  # of the latest request
     prefix_cache: PrefixCache | None = None  # built from the settings (__post_init__)
     prefill_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one prefill at a time
-    # the token endpoints' prompt cache (sim/tokens.py): per slot, the ids it last held
-    token_slots: dict[int, list[int]] = field(default_factory=dict)
-    # and per slot its last prompt with that prompt's text, so a continuation decodes only
-    # the ids after it
-    token_slot_prompts: dict[int, tuple[list[int], str]] = field(default_factory=dict)
+    # the token endpoints' prompt cache (sim/tokens.py): per slot, its last prompt and
+    # what was generated after it
+    token_slots: dict[int, Slot] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         cfg = self.settings

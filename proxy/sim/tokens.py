@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -58,7 +59,7 @@ from . import rendered, vocab
 from .http import read_request
 from .model import plan, token_count, tokenize
 from .settings import SimSettings
-from .state import SIM_STATE, SimState
+from .state import SIM_STATE, SimState, Slot
 
 TEMPLATE_PATH = Path(__file__).with_name("turns-with-tools.jinja")
 MODEL = "sim"
@@ -109,7 +110,7 @@ class Generation:
     prompt_text: str = ""  # the prompt's ids decoded
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     if a[:n] == b[:n]:  # the usual case, a continuation: compared at C speed
         return n
@@ -119,15 +120,40 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
-def _decoded(state: SimState, slot: int, prompt: list[int]) -> str:
-    """The prompt's text; a continuation of the slot's last prompt decodes only its rest."""
-    held, text = state.token_slot_prompts.get(slot, ([], ""))
-    if held and len(prompt) >= len(held) and prompt[: len(held)] == held:
-        text += vocab.decode(prompt[len(held) :])
+def _cached(held: Slot | None, prompt: list[int], known: int) -> int:
+    """The prompt's ids in the slot's cache: its longest common prefix with the slot's last
+    prompt and the ids generated after it (the first `known` are that prompt)."""
+    if held is None:
+        return 0
+    if known:
+        return known + _common_prefix(prompt[known:], held.generated)
+    return _common_prefix(prompt, held.prompt + held.generated)
+
+
+def held_prefix(state: SimState, slot: int, prompt: list[int]) -> int:
+    """How many of `prompt`'s first ids are the slot's last prompt (0 unless all of it):
+    those were checked, decoded and read when it came."""
+    held = state.token_slots.get(max(slot, 0))
+    n = len(held.prompt) if held is not None else 0
+    if held is None or not n or len(prompt) < n:
+        return 0
+    return n if prompt[:n] == held.prompt else 0  # compared at C speed
+
+
+def _read(
+    held: Slot | None, prompt: list[int], known: int
+) -> tuple[str, list[rendered.Turn], Slot]:
+    """The prompt's text and template turns, and the slot that holds it next. A continuation
+    of the slot's last prompt (its first `known` ids) decodes and reads only what follows."""
+    if held is not None and known:
+        text = held.text + vocab.decode(prompt[known:])
+        read = rendered.turns_from(text, held.read_to)
+        turns, final = held.turns + read.turns, len(held.turns) + read.final
     else:
         text = vocab.decode(prompt)
-    state.token_slot_prompts[slot] = (prompt, text)
-    return text
+        read = rendered.turns_from(text)
+        turns, final = read.turns, read.final
+    return text, turns, Slot(prompt, [], text, turns[:final], read.end)
 
 
 def _steps(units: list[str], ids: list[int]) -> list[int]:
@@ -154,15 +180,19 @@ def generate(
     stop: list[str],
     slot: int = 0,
     use_cache: bool = True,
+    known: int | None = None,
 ) -> Generation:
     """What the model says after `prompt` (ids inside the vocabulary), and the slot's cache
     updated with it: planned from the prompt's turns (sim/rendered.py), a tool call written
-    as the template renders one."""
+    as the template renders one. `known`: how many of its first ids are the slot's last
+    prompt (`held_prefix`), when the caller has compared them already."""
     cfg = state.settings
     key = max(slot, 0)
-    decoded = _decoded(state, key, prompt)
+    held = state.token_slots.get(key)
+    known = held_prefix(state, key, prompt) if known is None else known
+    decoded, turns, slot_next = _read(held, prompt, known)
     p = plan(
-        rendered.view(decoded),
+        rendered.view_turns(turns, decoded),
         seed=cfg.seed,
         output_tokens=cfg.output_tokens,
         tool_calls_per_turn=cfg.tool_calls_per_turn,
@@ -191,9 +221,9 @@ def generate(
     ids = vocab.encode(text, parse_special=False, pairs=cfg.tokenizer == "pairs")
     if limit is not None and 0 <= limit < len(ids):
         ids, reason, word = ids[:limit], "limit", ""
-    held = state.token_slots.get(key, [])
-    cached = min(_common_prefix(prompt, held), len(prompt) - 1) if use_cache else 0
-    state.token_slots[key] = prompt + ids[:-1]
+    cached = min(_cached(held, prompt, known), len(prompt) - 1) if use_cache else 0
+    slot_next.generated = ids[:-1]
+    state.token_slots[key] = slot_next
     pieces = [vocab.piece(t) for t in ids]
     steps = _steps(units, ids)
     return Generation(ids, pieces, reason, word, max(0, cached), steps, decoded)
@@ -336,15 +366,16 @@ async def _completion(request: web.Request) -> web.StreamResponse:
     if isinstance(raw, str):
         prompt = encode(state, raw, add_special=True, parse_special=True)
     elif isinstance(raw, list) and raw and vocab.all_ints(raw):
-        prompt = list(raw)
+        prompt = raw
     else:
         return _llama_error(400, "'prompt' must be a string or a list of token ids")
-    if (bad := vocab.out_of_range(prompt)) is not None:
+    slot = body.get("id_slot")
+    slot = slot if wire.is_int(slot) else -1
+    known = held_prefix(state, slot, prompt)  # ids already checked, as the slot's last prompt
+    if (bad := vocab.out_of_range(prompt[known:])) is not None:
         return _llama_error(400, f"Invalid input batch: token id {bad} is out of range")
     n_predict = body.get("n_predict")
     stop = body.get("stop")
-    slot = body.get("id_slot")
-    slot = slot if wire.is_int(slot) else -1
     gen = generate(
         state,
         prompt,
@@ -352,6 +383,7 @@ async def _completion(request: web.Request) -> web.StreamResponse:
         stop=[s for s in stop if isinstance(s, str)] if isinstance(stop, list) else [],
         slot=slot,
         use_cache=body.get("cache_prompt", True) is not False,
+        known=known,
     )
     with_ids = body.get("return_tokens") is True
     n_probs = body.get("n_probs")

@@ -149,3 +149,37 @@ async def test_the_vocabulary_splits_at_special_tokens() -> None:
     for text in ("x<end_of_turn>y<pad>", "odd", "", "日本語 and ascii"):
         assert vocab.decode(vocab.encode(text)) == text
     assert vocab.encode("ab") != vocab.encode("a") + vocab.encode("b")
+
+
+async def test_a_continuation_is_read_past_the_slots_prompt_only(
+    sim: tuple[Served, SimState],
+) -> None:
+    """A prompt continuing the slot's last one is checked, decoded and read only past it:
+    it must answer as the same prompt sent whole to an empty slot, and an id out of range
+    after the slot's prompt is still refused."""
+    served, _ = sim
+    url = served.base + "/completion"
+    first = vocab.encode(PROMPT, parse_special=True)
+
+    async def complete(prompt: list[int], slot: int) -> tuple[int, dict[str, Any]]:
+        body = {"prompt": prompt, "id_slot": slot, "return_tokens": True}
+        async with aiohttp.ClientSession() as http:
+            status, raw = await _post(http, url, orjson.dumps(body))
+        return status, orjson.loads(raw)
+
+    status, done = await complete(first, 0)
+    assert status == 200
+    after = vocab.encode(
+        "<end_of_turn>\n<start_of_turn>user\nAgain<end_of_turn>\n<start_of_turn>model\n",
+        parse_special=True,
+    )
+    prompt = first + done["tokens"] + after
+    status, bad = await complete([*first, vocab.VOCAB_SIZE], 0)
+    assert status == 400 and "out of range" in bad["error"]["message"]
+    status, continued = await complete(prompt, 0)
+    assert status == 200
+    # the slot's prompt and all it generated but the last id were cached, as llama.cpp's
+    assert continued["timings"]["cache_n"] == len(first) + len(done["tokens"]) - 1
+    status, whole = await complete(prompt, 1)  # the same prompt, read whole in an empty slot
+    assert status == 200 and whole["timings"]["cache_n"] == 0
+    assert continued["tokens"] == whole["tokens"] and continued["prompt"] == whole["prompt"]
