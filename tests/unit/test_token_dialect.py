@@ -257,3 +257,21 @@ def test_ids_outside_the_servers_vocabulary_are_a_protocol_error_naming_the_id()
         s.feed(_token("no", [100]))
     assert caught.value.code == "upstream_protocol_error" and "token id 100" in caught.value.message
     assert s.ids.tolist() == [99]  # the id past the vocabulary is not kept
+
+
+def test_an_id_no_token_cache_can_hold_is_a_protocol_error_when_the_vocabulary_is_unknown() -> None:
+    """A server that reports no vocabulary size still cannot send an id past a C int: the
+    token cache could not keep it (it was an OverflowError in the cache, after the answer)."""
+    prompt = TokenPrompt(LlamaCppEngine(), fresh("<p>"), Sampling())
+    assert prompt.new_ids([b'{"tokens": [2, 2147483647]}']) == [[2, 2147483647]]
+    with pytest.raises(UpstreamError) as caught:
+        prompt.new_ids([b'{"tokens": [2, 2147483648]}'])
+    assert caught.value.code == "upstream_protocol_error"
+    assert "token id 2147483648, outside any vocabulary" in caught.value.message
+    s = _stream()
+    with pytest.raises(UpstreamError) as caught:
+        s.feed(_token("no", [1 << 40]))
+    assert caught.value.code == "upstream_protocol_error" and "outside any vocabulary" in (
+        caught.value.message
+    )
+    assert s.ids.tolist() == []

@@ -67,7 +67,9 @@ def test_an_older_fingerprint_differs_in_the_parts_it_lacks() -> None:
         ([0, 5, 9], 10, None),
         ([0, 5, 10], 10, 10),
         ([3, -1], 10, -1),
-        ([3, 10**9], 0, None),  # an unknown vocabulary bounds nothing but negatives
+        # an unknown vocabulary: the bound is what the token cache can hold (a C int)
+        ([3, 10**9], 0, None),
+        ([3, 1 << 31], 0, 1 << 31),
         ([-2], 0, -2),
         ([], 10, None),
     ],

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from sys import getsizeof
 from typing import Any, Final, TypeAlias
 
+from .. import wire
+
 # why a continuation could not keep every id of its parent (the metric's `reason` label)
 DIVERGENCES: Final = (
     "fingerprint",
@@ -51,8 +53,9 @@ class Segment:
 
     @staticmethod
     def of(text: str, ids: list[int] | array[int]) -> Segment:
-        a = ids if isinstance(ids, array) else array("i", ids)
-        return Segment(text, a, ",".join(map(str, a)).encode())
+        if isinstance(ids, array):
+            return Segment(text, ids, ids_json(ids.tolist()))
+        return Segment(text, array("i", ids), ids_json(ids))
 
     @property
     def nbytes(self) -> int:
@@ -60,6 +63,11 @@ class Segment:
         grew by appends keeps), their JSON. `getsizeof` is what each was allocated."""
         text, ids, json = self.text, self.ids, self.json
         return getsizeof(self) + getsizeof(text) + getsizeof(ids) + getsizeof(json)
+
+
+def ids_json(ids: list[int]) -> bytes:
+    """Ids (in `identity.ID_LIMIT`) as JSON array elements: "1,2,3"."""
+    return wire.dumps(ids)[1:-1]
 
 
 EMPTY_SEGMENT: Final = Segment("", array("i"), b"")
@@ -365,6 +373,7 @@ __all__ = [
     "TokenUse",
     "chain_records",
     "fresh",
+    "ids_json",
     "new_ids",
     "prompt_json",
     "split_at_turns",

@@ -41,13 +41,14 @@ from .chain import (
     TokenTurn,
     TokenUse,
     fresh,
+    ids_json,
     new_ids,
     prompt_json,
     turn_after,
 )
 from .engine import EngineUsage, Generated, Sampling, TokenEngine, protocol_error, sampling_of
 from .harmony import HarmonyParser
-from .identity import ServerIdentity, log_change, out_of_vocab
+from .identity import ServerIdentity, log_change, out_of_vocab, vocabulary
 from .identity import fingerprint as fingerprint_of
 from .incremental import Rendered, RenderMemo, render_turn
 from .naming import named
@@ -142,9 +143,9 @@ class TokenPrompt:
             ids = self.engine.tokenize_ids(answer)
             if (bad := out_of_vocab(ids, self.vocab_size)) is not None:
                 raise protocol_error(
-                    f"upstream tokenised the prompt into token id {bad}, outside its vocabulary "
-                    f"of {self.vocab_size} ids ({self.engine.name} {self.engine.tokenize_path} "
-                    "`tokens`)"
+                    f"upstream tokenised the prompt into token id {bad}, outside "
+                    f"{vocabulary(self.vocab_size)} ({self.engine.name} "
+                    f"{self.engine.tokenize_path} `tokens`)"
                 )
             out.append(new_ids(gap, ids))
         return out
@@ -159,7 +160,7 @@ class TokenPrompt:
         return context_length_exceeded(n, window) if window and n >= window else None
 
     def body(self, ids: list[list[int]]) -> bytes:
-        new = [",".join(map(str, gap)).encode() for gap in ids]
+        new = [ids_json(gap) for gap in ids]
         return self.engine.generate_body(prompt_json(self.plan, *new), self.sampling)
 
 
@@ -257,7 +258,7 @@ class TokenStream(BuiltStream):
     def _take(self, gen: Generated) -> list[bytes]:
         if (bad := out_of_vocab(gen.ids, self._vocab)) is not None:  # before any event
             raise protocol_error(
-                f"upstream generated token id {bad}, outside its vocabulary of {self._vocab} ids"
+                f"upstream generated token id {bad}, outside {vocabulary(self._vocab)}"
             )
         out = self._start()
         if len(gen.ids) == 1 and (tag := self._tags.get(gen.ids[0])) and tag not in gen.text:

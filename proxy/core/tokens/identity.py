@@ -101,15 +101,26 @@ def vocab_of(fingerprint_: str) -> int:
     return int(parts[_VOCAB])
 
 
+# the ids a token cache can hold (a C int each, `array("i")`): the bound on an id when the
+# server's vocabulary size is unknown
+ID_LIMIT: Final = 1 << 31
+
+
 def out_of_vocab(ids: Sequence[int], vocab_size: int) -> int | None:
-    """The first id that no vocabulary of `vocab_size` ids has (a negative one whatever the
-    size; 0: unknown size), else None."""
-    if not ids or (min(ids) >= 0 and (not vocab_size or max(ids) < vocab_size)):
+    """The first id that no vocabulary of `vocab_size` ids has (0: unknown size, bounded by
+    `ID_LIMIT`; a negative id whatever the size), else None."""
+    limit = vocab_size or ID_LIMIT
+    if not ids or (min(ids) >= 0 and max(ids) < limit):
         return None  # the common case, at C speed
     for x in ids:
-        if x < 0 or (vocab_size and x >= vocab_size):
+        if not 0 <= x < limit:
             return x
     return None
+
+
+def vocabulary(vocab_size: int) -> str:
+    """The vocabulary an id was outside of, for an error message."""
+    return f"its vocabulary of {vocab_size} ids" if vocab_size else "any vocabulary"
 
 
 def log_change(old: str, new: str) -> None:
@@ -122,6 +133,7 @@ def log_change(old: str, new: str) -> None:
 
 
 __all__ = [
+    "ID_LIMIT",
     "PARTS",
     "ServerIdentity",
     "changed_parts",
@@ -131,4 +143,5 @@ __all__ = [
     "tokenizer_digest",
     "tools_digest",
     "vocab_of",
+    "vocabulary",
 ]
