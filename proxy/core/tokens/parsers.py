@@ -44,6 +44,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
+from functools import cache
 from typing import Protocol, TypeAlias
 
 from .. import wire
@@ -403,14 +404,28 @@ def first_tag(text: str, tags: tuple[str, ...]) -> tuple[int, str | None]:
     return best, found
 
 
+@cache
+def _tags_shape(tags: tuple[str, ...]) -> tuple[int, frozenset[str]]:
+    """The longest proper prefix a tag of `tags` has, and the characters the tags begin with."""
+    return max((len(tag) for tag in tags), default=1) - 1, frozenset(t[0] for t in tags if t)
+
+
 def tag_prefix_len(text: str, tags: tuple[str, ...]) -> int:
-    """The length of the longest suffix of `text` that is a proper prefix of one of `tags`."""
-    longest = max((len(tag) for tag in tags), default=1) - 1
-    for n in range(min(longest, len(text)), 0, -1):
-        tail = text[-n:]
-        if any(tag.startswith(tail) for tag in tags):
-            return n
-    return 0
+    """The length of the longest suffix of `text` that is a proper prefix of one of `tags`.
+    It runs for every piece of streamed text: such a suffix begins with a character a tag
+    begins with, so only those places (usually none) are tried."""
+    longest, firsts = _tags_shape(tags)
+    start = len(text) - min(longest, len(text))
+    best = len(text)
+    for first in firsts:
+        at = text.find(first, start, best)
+        while at >= 0:
+            tail = text[at:]
+            if any(tag.startswith(tail) for tag in tags):
+                best = at  # the earliest place for this character: the longest suffix
+                break
+            at = text.find(first, at + 1, best)
+    return len(text) - best
 
 
 def call_from_json(raw: str) -> CallPiece | BrokenCall:
