@@ -153,8 +153,14 @@ def _next_input(profile: AgentProfile, response: dict[str, Any], k: int) -> list
     ]
 
 
-def _settings() -> dict[str, Any]:
-    return {"model": "sim", "tools": TOOLS, "tool_choice": "auto", "store": False}
+def _settings(*, untimed: bool = False) -> dict[str, Any]:
+    """A turn's settings; `untimed`: a turn before the clock, whose tokenising the model
+    does not charge (`sim_untimed`: only the timed turns' model time is the question)."""
+    settings: dict[str, Any] = {"model": "sim", "tools": TOOLS, "tool_choice": "auto"}
+    settings["store"] = False
+    if untimed:
+        settings["metadata"] = {"sim_untimed": "true"}
+    return settings
 
 
 @dataclass
@@ -197,8 +203,11 @@ class _Tally:
 # beside it (`connect_s`), outside the timed span of both (docs/bench.md "The agent loop").
 
 
-async def http_loop(url: str, profile: AgentProfile) -> Loop:
-    """Full history every turn, on one keep-alive connection opened before the clock."""
+async def http_loop(url: str, profile: AgentProfile, *, untimed: bool = True) -> Loop:
+    """Full history every turn, on one keep-alive connection opened before the clock.
+    `untimed`: the turn before the clock says so to the model (`sim_untimed`); not through
+    the sidecar, which would take the timed turn's other metadata for a new conversation
+    and send the whole history again."""
     first = {"type": "message", "role": "user", "content": _text(profile.first_prompt_bytes, 1)}
     connector = aiohttp.TCPConnector(limit=1)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -214,7 +223,8 @@ async def http_loop(url: str, profile: AgentProfile) -> Loop:
             if k == skip:
                 tally.restart()
             tally.sending(new)
-            body = orjson.dumps({**_settings(), "input": tally.history, "stream": True})
+            settings = _settings(untimed=untimed and k < skip)
+            body = orjson.dumps({**settings, "input": tally.history, "stream": True})
             tally.sent += len(body)
             new = tally.add(await http_turn(session, url, body), k)
             if not new:
@@ -240,7 +250,7 @@ async def ws_loop(url: str, profile: AgentProfile) -> Loop:
                 if k == skip:
                     tally.restart()
                 tally.sending(new)
-                create = {"type": "response.create", **_settings(), "input": new}
+                create = {"type": "response.create", **_settings(untimed=k < skip), "input": new}
                 if previous:
                     create["previous_response_id"] = previous
                 frame = orjson.dumps(create)
@@ -327,7 +337,7 @@ async def run_cells(
             try:
                 sidecar = await start_sidecar(servers, f"http://{ph}:{pp}/v1")
                 url = f"{sidecar.base}/v1/responses"
-                runners[HTTP_SIDECAR] = lambda: http_loop(url, profile)
+                runners[HTTP_SIDECAR] = lambda: http_loop(url, profile, untimed=False)
             except BenchError as exc:
                 notes.append(f"http-sidecar skipped: {exc}")
         results = []

@@ -28,7 +28,8 @@ those of a server that echoes little (`events.partial_response`).
 most all of them) as served from a prompt cache (`input_tokens_details.cached_tokens`).
 With `tokenize_us_per_token` above 0 a request pays that CPU per token of its whole input
 before it answers, as a server that renders and tokenises the whole history every turn does
-(the Chat endpoint and the token endpoints pay the same per token, sim/tokens.py).
+(the Chat endpoint and the token endpoints pay the same per token, sim/tokens.py), unless
+its `metadata.sim_untimed` is "true": a turn a benchmark sends before its clock.
 
 Prefix cache (sim/prefix_cache.py, off by default): with `prefix_cache_tokens` above 0 each
 process keeps an LRU of prompt blocks and reports the tokens found there as cached in the
@@ -100,11 +101,13 @@ async def _responses(request: web.Request) -> web.StreamResponse:
                 "context_length_exceeded",
                 "input",
             )
-    if cfg.tokenize_us_per_token > 0:  # a real server tokenises the whole rendered history
-        state.tokenizing(count_tokens(body))
     meta = body.get("metadata")
     if not isinstance(meta, dict):
         meta = {}
+    # a real server tokenises the whole rendered history; a turn a benchmark does not time
+    # (`sim_untimed`) is not charged for it, so that setting up a conversation is quick
+    if cfg.tokenize_us_per_token > 0 and str(meta.get("sim_untimed")).lower() != "true":
+        state.tokenizing(count_tokens(body))
     fault = str(meta.get("sim_fault") or (state.faults.popleft() if state.faults else ""))
     kind, _, arg = fault.partition(":")
     if kind == "status":

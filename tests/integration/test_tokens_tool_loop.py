@@ -116,3 +116,24 @@ async def test_the_responses_endpoint_pays_tokenising_for_the_whole_history(
     # the whole input, in the counting tokenizer's tokens the Chat endpoint is charged in
     assert after["tokenized_tokens"] - start["tokenized_tokens"] == count_tokens(body)
     assert after["tokenize_ms"] > start["tokenize_ms"]
+
+
+async def test_an_untimed_turn_is_not_charged_for_tokenising(sim_factory: SimFactory) -> None:
+    """`metadata.sim_untimed`: a benchmark's turn before its clock (the quick agent loop's
+    long first prompt) costs the model no tokenising; any other turn does."""
+    sim = await sim_factory(tokenize_us_per_token=1.0, tool_calls_per_turn=0)
+    body = {"model": "sim", "input": [user("alpha " * 400)], "stream": True}
+
+    async def charged(request: dict[str, Any]) -> int:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{sim.served.base}/sim/stats") as r:
+                start = (await r.json())["tokenized_tokens"]
+            async with http.post(f"{sim.url}/responses", data=orjson.dumps(request)) as r:
+                assert r.status == 200
+                await r.read()
+            async with http.get(f"{sim.served.base}/sim/stats") as r:
+                return int((await r.json())["tokenized_tokens"]) - start
+
+    assert await charged({**body, "metadata": {"sim_untimed": "true"}}) == 0
+    assert await charged({**body, "metadata": {"sim_untimed": "false"}}) > 0
+    assert await charged(body) > 0

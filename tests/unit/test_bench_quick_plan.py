@@ -16,6 +16,9 @@ def test_quick_plan_has_every_cell_the_targets_read() -> None:
     relay = QUICK.relay
     assert min(relay.connections) == 1 and max(relay.connections) == 1000
     assert relay.paced_streams == 1000 and relay.rounds >= 2
+    # the events per turn the CPU per event divides a turn's fixed cost by: as in the full run
+    assert relay.fast_events == FULL.relay.fast_events
+    assert relay.paced_seconds * relay.paced_tps == FULL.relay.paced_seconds * FULL.relay.paced_tps
     assert 1000 in QUICK.scale and QUICK.store_sizes == FULL.store_sizes
 
 
