@@ -12,10 +12,11 @@ llama.cpp (llama-server, `tools/server/README.md`), in the shapes a real one ans
   nor vLLM's and SGLang's `prompt` keeps the sim's older answer (sim/model.py's counting
   tokenizer), which wsmode's token counter relies on.
 - `POST /completion`: `prompt` as ids or a string, `n_predict`, `stop`, `id_slot`,
-  `cache_prompt`, `return_tokens`, `n_probs`, `stream`. Streamed, one event per token
-  (`content`, `tokens`, `stop: false`, `tokens_predicted`, `tokens_evaluated`), then a final
-  event with `stop: true`, `stop_type` ("eos", "limit", "word"), `timings` and the rest; no
-  `[DONE]`. An id outside the vocabulary is a 400, as a real server gives.
+  `cache_prompt`, `return_tokens`, `n_probs`, `response_fields` (the final answer's fields
+  to keep, as llama.cpp's: the per-token events keep theirs), `stream`. Streamed, one event
+  per token (`content`, `tokens`, `stop: false`, `tokens_predicted`, `tokens_evaluated`),
+  then a final event with `stop: true`, `stop_type` ("eos", "limit", "word"), `timings` and
+  the rest; no `[DONE]`. An id outside the vocabulary is a 400, as a real server gives.
 
 The generated text is the sim's usual (sim/model.py `plan`, from the decoded prompt),
 tokenised with the vocabulary; a stop string cuts it ("word"), the token limit cuts the ids
@@ -395,6 +396,7 @@ async def _completion(request: web.Request) -> web.StreamResponse:
             final["completion_probabilities"] = [
                 p for t, s in zip(gen.ids, gen.pieces, strict=True) for p in _probs(t, s)
             ]
+        final = _only(final, body.get("response_fields"))
         state.completed += 1
         return web.json_response(final, dumps=lambda o: wire.dumps(o).decode())
     resp = sse_response()
@@ -410,9 +412,29 @@ async def _completion(request: web.Request) -> web.StreamResponse:
             if with_probs:
                 event["completion_probabilities"] = _probs(token, text)
             await resp.write(b"data: " + wire.dumps(event) + b"\n\n")
+        final = _only(final, body.get("response_fields"))  # the partial events keep theirs
         await resp.write(b"data: " + wire.dumps(final) + b"\n\n")
         state.completed += 1
         return resp
+
+
+def _only(doc: dict[str, Any], paths: Any) -> dict[str, Any]:
+    """llama.cpp's `response_fields` on the final answer: only the values at those paths
+    ("a/b" reaches into an object), keyed by the path, in the order asked; none asked: all."""
+    if not isinstance(paths, list) or not paths:
+        return doc
+    out: dict[str, Any] = {}
+    for path in paths:
+        if not isinstance(path, str):
+            continue
+        value: Any = doc
+        for key in path.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            out[path] = value
+    return out
 
 
 def _final(

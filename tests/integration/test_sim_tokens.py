@@ -183,3 +183,26 @@ async def test_a_continuation_is_read_past_the_slots_prompt_only(
     status, whole = await complete(prompt, 1)  # the same prompt, read whole in an empty slot
     assert status == 200 and whole["timings"]["cache_n"] == 0
     assert continued["tokens"] == whole["tokens"] and continued["prompt"] == whole["prompt"]
+
+
+async def test_response_fields_trim_the_final_answer_only(sim: tuple[Served, SimState]) -> None:
+    """llama.cpp's `response_fields`: the final answer (streamed or whole) keeps only those
+    fields, a path with "/" reaching into an object; the per-token events keep theirs."""
+    served, _ = sim
+    url = served.base + "/completion"
+    ids = vocab.encode(PROMPT, parse_special=True)
+    fields = ["content", "stop", "timings/cache_n", "no_such_field"]
+    async with aiohttp.ClientSession() as http:
+        body = {"prompt": ids, "n_predict": 3, "stream": True, "response_fields": fields}
+        status, raw = await _post(http, url, orjson.dumps(body))
+        events = [orjson.loads(e.data) for e in SSEDecoder(1 << 20).feed(raw)]
+        body = {"prompt": ids, "n_predict": 3, "response_fields": fields}
+        _, whole = await _post(http, url, orjson.dumps(body))
+        body = {"prompt": ids, "n_predict": 3}
+        _, everything = await _post(http, url, orjson.dumps(body))
+    assert status == 200 and len(events) == 4
+    assert all(e["stop"] is False and "tokens_evaluated" in e for e in events[:-1])
+    assert list(events[-1]) == ["content", "stop", "timings/cache_n"]
+    assert events[-1]["stop"] is True and isinstance(events[-1]["timings/cache_n"], int)
+    assert list(orjson.loads(whole)) == ["content", "stop", "timings/cache_n"]
+    assert "prompt" in orjson.loads(everything) and "timings" in orjson.loads(everything)

@@ -63,6 +63,7 @@ class Completion:
     tokens: list[int] = field(default_factory=list)  # every streamed event's `tokens`, joined
     content: str = ""  # every streamed event's `content`, joined: the generated text
     timings: dict[str, Any] | None = None  # the final event's (`stop: true`)
+    final_fields: list[str] = field(default_factory=list)  # the final event's, as sent
     slot: int | None = None  # the final event's `id_slot`: the slot that served it
     # each streamed token's log probability (`completion_probabilities`, with `n_probs`)
     logprobs: list[float] = field(default_factory=list)
@@ -202,6 +203,8 @@ def _record_event(record: Completion, data: bytes) -> None:
     content = doc.get("content")
     if isinstance(content, str):
         record.content += content
+    if doc.get("stop") is True:
+        record.final_fields = list(doc)
     if doc.get("stop") is True and isinstance(doc.get("timings"), dict):
         record.timings = doc["timings"]
         slot = doc.get("id_slot")

@@ -22,6 +22,7 @@ import pytest
 from aiohttp import web
 from websockets.asyncio.client import connect
 from wsmode.core.tokens.chain import DIVERGENCES
+from wsmode.core.tokens.engine import LLAMACPP_FINAL_FIELDS
 from wsmode.core.tokens.template import ChatTemplate, object_arguments
 
 from tests.support.event_checks import check_sequence
@@ -266,6 +267,12 @@ async def test_six_turns_continue_token_exactly_over_sdk_websocket(
         timings = calls[k].timings
         assert timings is not None
         assert timings["cache_n"] >= len(calls[k - 1].prompt) + len(calls[k - 1].tokens) - 1
+    # and its final event holds only the fields wsmode reads (`response_fields`), not the
+    # whole prompt as text that it otherwise sends back every turn
+    for call in calls:
+        assert call.request["response_fields"] == list(LLAMACPP_FINAL_FIELDS)
+        assert "stop" in call.final_fields and "timings" in call.final_fields
+        assert set(call.final_fields) <= set(LLAMACPP_FINAL_FIELDS), call.final_fields
 
     # and each later turn tokenises only its new text: what llama.cpp's rendering of the
     # whole conversation has after the previous prompt and the text generated for it (the

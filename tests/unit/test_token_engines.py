@@ -1,5 +1,6 @@
-"""The vLLM and SGLang token engines: the bodies they build and the streams they read, in
-the servers' own shapes (proxy/core/tokens/vllm.py and sglang.py cite them)."""
+"""The token engines (llama.cpp, vLLM, SGLang): the bodies they build and the streams they
+read, in the servers' own shapes (proxy/core/tokens/engine.py, vllm.py and sglang.py cite
+them)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import orjson
 import pytest
 from wsmode.core.errors import UpstreamError
 from wsmode.core.sse import SSEEvent
-from wsmode.core.tokens.engine import EngineUsage, Generated, Sampling
+from wsmode.core.tokens.engine import (
+    LLAMACPP_FINAL_FIELDS,
+    EngineUsage,
+    Generated,
+    LlamaCppEngine,
+    Sampling,
+)
 from wsmode.core.tokens.sglang import SglangEngine
 from wsmode.core.tokens.vllm import VllmEngine
 
@@ -244,3 +251,38 @@ def test_sglang_eof_before_finish() -> None:
     s.feed(ev(_out("a", [1])))
     with pytest.raises(UpstreamError):
         s.eof()
+
+
+# ---------------------------------------------------------------------------- llama.cpp
+
+
+def test_llamacpp_asks_for_the_final_fields_it_reads() -> None:
+    """The generate body names the final event's fields (`response_fields`), so llama.cpp
+    leaves out the prompt's text; the final event trimmed to them reads as the whole one."""
+    body = orjson.loads(LlamaCppEngine().generate_body(PROMPT, FULL))
+    assert body["response_fields"] == list(LLAMACPP_FINAL_FIELDS)
+    final = {
+        "index": 0,
+        "content": "",
+        "tokens": [],
+        "id_slot": 0,
+        "stop": True,
+        "model": "m",
+        "tokens_predicted": 3,
+        "tokens_evaluated": 12,
+        "generation_settings": {"seed": 7},
+        "prompt": "<start_of_turn>user\n" + "history " * 1000,
+        "has_new_line": False,
+        "truncated": False,
+        "stop_type": "limit",
+        "stopping_word": "",
+        "tokens_cached": 14,
+        "timings": {"cache_n": 9, "prompt_n": 3, "predicted_n": 3},
+    }
+    trimmed = {k: final[k] for k in LLAMACPP_FINAL_FIELDS if k in final}
+    assert "prompt" not in trimmed
+    token = {"index": 0, "content": "a", "tokens": [5], "stop": False}
+    whole, short = (feed_all(LlamaCppEngine().stream(), [token, doc]) for doc in (final, trimmed))
+    assert whole == short
+    assert whole[1].finish == "length"
+    assert whole[1].usage == EngineUsage(prompt_tokens=12, completion_tokens=3, cached_tokens=9)

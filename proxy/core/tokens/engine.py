@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from .. import wire
 from ..api_objects import count
@@ -175,6 +175,19 @@ def sampling_params(sampling: Sampling, *, limit: str, seed: str) -> dict[str, A
 # llama.cpp's /completion `stop_type`: "eos" (an end-of-generation token), "word" (a stop
 # string), "limit" (n_predict or the context)
 _LLAMACPP_FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
+# the fields of the final /completion event that `LlamaCppStream` reads, asked for by name
+# (`response_fields`): llama.cpp's final event otherwise carries the whole prompt as text
+# (128 KB at 32K tokens) and the generation settings, written by the server and read here
+# on every turn. A server that predates the field sends them all, and nothing else changes.
+LLAMACPP_FINAL_FIELDS: Final = (
+    "content",
+    "tokens",
+    "completion_probabilities",
+    "stop",
+    "stop_type",
+    "timings",
+    "tokens_predicted",
+)
 
 
 class LlamaCppStream:
@@ -243,6 +256,7 @@ class LlamaCppEngine:
             "stream": True,
             "return_tokens": True,
             "cache_prompt": True,
+            "response_fields": LLAMACPP_FINAL_FIELDS,
         }
         if sampling.max_tokens is not None:
             head["n_predict"] = sampling.max_tokens
