@@ -175,10 +175,11 @@ def sampling_params(sampling: Sampling, *, limit: str, seed: str) -> dict[str, A
 # llama.cpp's /completion `stop_type`: "eos" (an end-of-generation token), "word" (a stop
 # string), "limit" (n_predict or the context)
 _LLAMACPP_FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
-# the fields of the final /completion event that `LlamaCppStream` reads, asked for by name
-# (`response_fields`): llama.cpp's final event otherwise carries the whole prompt as text
-# (128 KB at 32K tokens) and the generation settings, written by the server and read here
-# on every turn. A server that predates the field sends them all, and nothing else changes.
+# the fields of the final /completion event that `LlamaCppStream` reads, and `id_slot` (the
+# slot that served the request: what the traffic shows of `upstream.llamacpp_slots`), asked
+# for by name (`response_fields`): llama.cpp's final event otherwise carries the whole prompt
+# as text (128 KB at 32K tokens) and the generation settings, written by the server and read
+# here on every turn. A server that predates the field sends them all; nothing else changes.
 LLAMACPP_FINAL_FIELDS: Final = (
     "content",
     "tokens",
@@ -187,6 +188,7 @@ LLAMACPP_FINAL_FIELDS: Final = (
     "stop_type",
     "timings",
     "tokens_predicted",
+    "id_slot",
 )
 
 
