@@ -16,9 +16,9 @@ and evicting an entry whose links live on in its descendants frees nothing until
 What is charged is what is held (proxy/core/memory.py `Overheads`): an entry's objects and
 its settings (`held`), each link's objects, each item's bytes object, beside the items'
 bytes. On the token path an entry's token turns are shared along its chain the same way, and
-each distinct turn is charged once, what it holds and its reference count
-(proxy/core/tokens/held.py). A cache and the response store that share links or turns each
-charge them.
+each distinct turn is charged once, what it holds and its reference count; links and turns
+are counted by one mechanism (proxy/core/memory.py `HeldChain`). A cache and the response
+store that share links or turns each charge them.
 
 Bounds: entries and bytes per connection (`ResponseCache`) and process-wide
 (`CacheBudget`), least recently used evicted first. Entries that a queued request refers to
@@ -43,10 +43,9 @@ from typing import Any
 from lru import LRU
 
 from .calls import NO_CALLS, CallIndex, index_calls
-from .memory import HELD, MemoryBudget, Overheads
+from .memory import HELD, HeldChain, MemoryBudget, Overheads, chain_cost, held_turns
 from .records import record
 from .tokens.chain import TokenTurn
-from .tokens.held import HeldTurns, chain_cost
 
 _UNBOUNDED = 2**31 - 1  # lru-dict needs a size; we evict by our own budgets, never by this
 # stored responses a response keeps the ids of (`CachedResponse.stored_above`): enough that
@@ -102,6 +101,10 @@ def linked(segments: Iterable[Segment]) -> Link | None:
     for seg in segments:
         last = Link(seg, last)
     return last
+
+
+def _link_up(link: Link) -> Link | None:
+    return link.up
 
 
 @record(eq=False)
@@ -291,9 +294,10 @@ class ResponseCache:
         self._entries: dict[str, CachedResponse] = {}
         self._order: Any = LRU(_UNBOUNDED)  # unpinned ids, most recent first
         self._pins: dict[str, int] = {}
-        # held links -> the entries ending at them plus the held links right after them
-        self._refs: dict[Link, int] = {}
-        self._turns = HeldTurns(budget.costs.turn)  # the token turns, counted the same way
+        # the links held, each counted by the entries ending at it plus the held links right
+        # after it (`HeldChain`), and the token turns, counted the same way
+        self._refs = self._links()
+        self._turns = held_turns(budget.costs.turn)
         # called with the id of every entry that leaves (evicted, replaced or cleared), so an
         # owner that keeps more per entry (the store) forgets it in O(1)
         self.on_evict: Callable[[str], None] | None = None
@@ -337,7 +341,7 @@ class ResponseCache:
         if entry.id in self._entries:
             self.evict(entry.id)
         self._entries[entry.id] = entry
-        added = self._hold(entry.history) + self._turns.hold(entry.tokens)
+        added = self._refs.hold(entry.history) + self._turns.hold(entry.tokens)
         added += self.budget.costs.entry + entry.held
         self.nbytes += added
         self.budget.nbytes += added
@@ -367,45 +371,13 @@ class ResponseCache:
         if sum(self.budget.cost(e) for e in entries) <= self.max_bytes:
             return True  # fits even if nothing were shared: no walk
         held = sum(self.budget.costs.entry + e.held for e in entries)
-        seen: set[Link] = set()
-        for e in entries:  # the distinct links of all these histories: each walked once
-            at: Link | None = e.history
-            while at is not None and at not in seen:
-                seen.add(at)
-                held += self.budget.link_cost(at)
-                at = at.up
-        turns = HeldTurns(self.budget.costs.turn)  # their distinct token turns, the same way
-        held += sum(turns.hold(e.tokens) for e in entries)
+        # the distinct links and token turns of all these entries, each walked once
+        links, turns = self._links(), held_turns(self.budget.costs.turn)
+        held += sum(links.hold(e.history) + turns.hold(e.tokens) for e in entries)
         return held <= self.max_bytes
 
-    def _hold(self, link: Link | None) -> int:
-        """One more reference to `link`; the bytes newly held. A link held for the first
-        time holds the one before it, so this walks only the links new to this cache."""
-        refs, cost = self._refs, self.budget.link_cost
-        added = 0
-        while link is not None:
-            n = refs.get(link, 0)
-            refs[link] = n + 1
-            if n:
-                break
-            added += cost(link)
-            link = link.up
-        return added
-
-    def _release(self, link: Link | None) -> int:
-        """One reference fewer to `link`; the bytes no longer held (a link no entry and no
-        later link holds lets go of the one before it)."""
-        refs, cost = self._refs, self.budget.link_cost
-        freed = 0
-        while link is not None:
-            n = refs[link] - 1
-            if n:
-                refs[link] = n
-                break
-            del refs[link]
-            freed += cost(link)
-            link = link.up
-        return freed
+    def _links(self) -> HeldChain[Link]:
+        return HeldChain(_link_up, self.budget.link_cost)
 
     def evict(self, rid: str) -> bool:
         entry = self._entries.pop(rid, None)
@@ -414,7 +386,7 @@ class ResponseCache:
         self._pins.pop(rid, None)
         self._order.pop(rid, None)
         self.budget._forget(self, rid)
-        freed = self._release(entry.history) + self._turns.release(entry.tokens)
+        freed = self._refs.release(entry.history) + self._turns.release(entry.tokens)
         freed += self.budget.costs.entry + entry.held
         self.nbytes -= freed
         self.budget.nbytes -= freed

@@ -27,8 +27,11 @@ measures them again; a unit test holds these figures to that measurement).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
+
+from .tokens.chain import NO_IDS_YET, TokenTurn
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,3 +96,91 @@ class MemoryBudget:
         """Whether a create of `nbytes` may wait: the parts that cannot give memory back
         (queued creates, outbound buffers) stay within the budget with it."""
         return self.queued + self.outbound + nbytes <= self.max_bytes
+
+
+# ---------------------------------------------------------------- what chains of nodes hold
+# A history's links each hold the link before them, and on the token path a response's token
+# turns each hold their parent's turn (core/tokens/chain.py). A child's node points at its
+# parent's, so a chain's nodes are shared by every response that continues it: each distinct
+# node is counted once, with a reference count of the holders whose node it is plus the held
+# nodes right after it. Holding a node walks only the nodes new to the count, and letting one
+# go frees only the nodes nothing else holds. The counts are keyed by identity (a `TokenTurn`
+# compares by value, so hashing one would hash its whole chain); each count keeps its node
+# beside it, so no id is reused while counted.
+
+N = TypeVar("N")
+
+
+class HeldChain(Generic[N]):
+    """The distinct nodes held and their reference counts. `up`: the node a node holds (None
+    at a chain's start); `cost`: the bytes a node is charged; `free`: a node shared by the
+    whole process that costs nothing and holds nothing (None: there is none)."""
+
+    __slots__ = ("_cost", "_free", "_refs", "_up")
+
+    def __init__(
+        self, up: Callable[[N], N | None], cost: Callable[[N], int], free: N | None = None
+    ) -> None:
+        self._up = up
+        self._cost = cost
+        self._free = free
+        self._refs: dict[int, tuple[N, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+    def hold(self, node: N | None) -> int:
+        """One more reference to `node`; the bytes newly held. A node held for the first
+        time holds the one before it, so this walks only the nodes new to the count."""
+        refs, up, cost, free = self._refs, self._up, self._cost, self._free
+        added = 0
+        while node is not None and node is not free:
+            key = id(node)
+            held = refs.get(key)
+            refs[key] = (node, 1 if held is None else held[1] + 1)
+            if held is not None:
+                break
+            added += cost(node)
+            node = up(node)
+        return added
+
+    def release(self, node: N | None) -> int:
+        """One reference fewer to `node`; the bytes no longer held (a node nothing holds
+        lets go of the one before it)."""
+        refs, up, cost, free = self._refs, self._up, self._cost, self._free
+        freed = 0
+        while node is not None and node is not free:
+            key = id(node)
+            n = refs[key][1] - 1
+            if n:
+                refs[key] = (node, n)
+                break
+            del refs[key]
+            freed += cost(node)
+            node = up(node)
+        return freed
+
+
+def held_turns(per_turn: int) -> HeldChain[TokenTurn]:
+    """A count of token turns, each charged what it held of its own when it was made (`total`
+    less its parent's: the same figure when it is let go, whatever happened to it since) and
+    `per_turn` for its place in the count (the key, the count, the dict's slot). `NO_IDS_YET`
+    (one object for the whole process) costs nothing."""
+
+    def cost(turn: TokenTurn) -> int:
+        up = turn.parent
+        return turn.total - (0 if up is None else up.total) + per_turn
+
+    return HeldChain(_parent, cost, NO_IDS_YET)
+
+
+def _parent(turn: TokenTurn) -> TokenTurn | None:
+    return turn.parent
+
+
+def chain_cost(turn: TokenTurn | None, per_turn: int) -> int:
+    """What `turn`'s whole chain is charged in a cache that holds none of it, `per_turn`
+    beside what each turn holds; no walk (`TokenTurn.total`, `depth`)."""
+    if turn is None or turn is NO_IDS_YET:
+        return 0
+    return turn.total + per_turn * turn.depth

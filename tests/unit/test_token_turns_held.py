@@ -1,7 +1,8 @@
-"""The budget charges the token path's ids (proxy/core/tokens/held.py, docs/memory.md "What an
-entry costs"): each distinct token turn a cache holds is charged once, what it holds and its
-reference count, however many responses share it along their chain; it is freed when the
-last of them goes, counted in the could-it-fit check, and evicted for like any other bytes.
+"""The budget charges the token path's ids (proxy/core/memory.py `held_turns`, docs/memory.md
+"What an entry costs"): each distinct token turn a cache holds is charged once, what it
+holds and its reference count, however many responses share it along their chain; it is
+freed when the last of them goes, counted in the could-it-fit check, and evicted for like
+any other bytes.
 The turns are made by the token path's own code (core/tokens/walk.py, chain.py)."""
 
 from __future__ import annotations
