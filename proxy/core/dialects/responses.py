@@ -106,20 +106,14 @@ class ResponsesStream:
             return self._maybe_repair(data, kind)
         if kind is None or kind in _PARSED:
             return self._parsed(data, kind)
-        # the hot path: the body is parsed to check it (one JSON object, UTF-8, of the type
-        # its `event:` line names) and the parse is dropped: the bytes go out as they came
-        data = data.strip()
-        try:
-            ev = wire.loads(data)
-        except wire.JSONDecodeError as exc:
-            raise _not_json(kind, exc) from None
-        if type(ev) is not dict or ev.get("type") != kind:
-            raise _mislabelled(kind, ev)
-        self._unread = data
-        return [data]
+        out: list[bytes] = []
+        self.relay((event,), 0, out)  # the hot path, for this one event
+        return out
 
     def relay(self, events: Sequence[SSEEvent], start: int, out: list[bytes]) -> int:
-        """`feed`'s hot path over a run of events (the StreamTranslator protocol)."""
+        """`feed`'s hot path over a run of events (the StreamTranslator protocol): each body
+        is parsed to check it (one JSON object, UTF-8, of the type its `event:` line names)
+        and the parse is dropped: the bytes go out as they came."""
         if self._first or self._repair is not None or self.outcome is not None:
             return start
         loads, i, n = wire.loads, start, len(events)
