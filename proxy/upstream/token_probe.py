@@ -35,7 +35,7 @@ from ..core.sse import SSEDecoder
 from ..core.tokens.dialect import TokenSetup
 from ..core.tokens.engine import LlamaCppEngine, Sampling, TokenEngine
 from ..core.tokens.formats import closing, markers, parser_for, resolve
-from ..core.tokens.identity import out_of_vocab, tokenizer_digest
+from ..core.tokens.identity import out_of_vocab, tokenizer_digest, vocabulary
 from ..core.tokens.parsers import THINK_CLOSE, THINK_OPEN
 from ..core.tokens.sglang import SglangEngine
 from ..core.tokens.template import ChatTemplate, TemplateFailed
@@ -154,8 +154,7 @@ class _Server:
             raise NotReady(f"{redact_url(url)}: {exc.message}") from None
         if (bad := out_of_vocab(ids, self.vocab)) is not None:
             raise NotReady(
-                f"{redact_url(url)} answered token id {bad}, outside the vocabulary of "
-                f"{self.vocab} ids the server reports"
+                f"{redact_url(url)} answered token id {bad}, outside {vocabulary(self.vocab)}"
             )
         return ids
 

@@ -175,6 +175,21 @@ async def test_ids_outside_the_vocabulary_from_the_server_are_a_protocol_error(
         await served.runner.cleanup()
 
 
+async def test_an_id_no_token_cache_holds_fails_the_probe_of_a_server_without_a_vocabulary(
+    proxy_factory: ProxyFactory,
+) -> None:
+    """A server that reports no vocabulary size still bounds its ids by what the token
+    cache can hold (a C int): a start-up probe answered with a larger one is not ready."""
+    fake = FakeLlamaCpp(n_vocab=None, tokenize_extra=[1 << 31])
+    served = await serve_fake(fake)
+    try:
+        proxy = await proxy_factory(f"{served.base}/v1", **engine_settings("auto"))
+        reasons = await not_ready_because(proxy, "outside any vocabulary")
+        assert any(f"token id {1 << 31}" in r for r in reasons), reasons
+    finally:
+        await served.runner.cleanup()
+
+
 def _tamper(redis_server: RedisServer, rid: str, bad: int) -> None:
     """Put `bad` among the generated ids of the stored record of `rid`."""
     [key] = [k for k in redis_server.stored_keys() if k.endswith(rid.encode())]

@@ -203,6 +203,7 @@ class FakeLlamaCpp:
     tokens_until: int | None = None
     tokenize_status: int = 200
     n_ctx: int = 32768  # the context window its /props reports
+    n_vocab: int | None = vocab.VOCAB_SIZE  # its /v1/models' `meta.n_vocab` (None: none)
     hold_after: int | None = None
     tokenize_extra: list[int] = field(default_factory=list)
     generated_extra: list[int] = field(default_factory=list)
@@ -231,7 +232,8 @@ class FakeLlamaCpp:
         )
 
     async def _models(self, request: web.Request) -> web.Response:
-        data = [{"id": "fake", "object": "model", "meta": {"n_vocab": vocab.VOCAB_SIZE}}]
+        meta = {} if self.n_vocab is None else {"n_vocab": self.n_vocab}
+        data = [{"id": "fake", "object": "model", "meta": meta}]
         return web.json_response({"object": "list", "data": data})
 
     async def _tokenize(self, request: web.Request) -> web.Response:
