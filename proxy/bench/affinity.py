@@ -78,6 +78,13 @@ class AffinityProfile:
     # the three bounded contenders take turns on the same replicas, each with text of its
     # own (no prefix in common with what the caches hold, which the LRU then drops first)
     share_replicas: bool = False
+    # False: wsmode-none is left out. No target reads it: it shows what affinity adds within
+    # wsmode, which the full run reports
+    with_none: bool = True
+
+    def contenders(self) -> tuple[str, ...]:
+        """The contenders this profile runs, in report order."""
+        return tuple(c for c in CONTENDERS if self.with_none or c != "wsmode-none")
 
     def working_set_tokens(self) -> int:
         """About the tokens of every conversation's last prompt, added up."""
@@ -93,12 +100,14 @@ QUICK = AffinityProfile(
     # the full profile's regime (8 replicas, 16 turns, each cache 1.5x its even share) at
     # half the conversations and five times the speed: prefill, first token and decoding all
     # five times faster, so every turn keeps the full profile's proportions; every process
-    # starts once, side by side (docs/bench-affinity.md "The quick profile")
+    # starts once, side by side; wsmode-none, which no target reads, is left out
+    # (docs/bench-affinity.md "The quick profile")
     conversations=16,
     prefill_tokens_per_second=12_500.0,
     tokens_per_second=5_000.0,
     ttft_ms=1.0,
     share_replicas=True,
+    with_none=False,
 )
 SMOKE = AffinityProfile(
     # an odd number of conversations over two replicas: a round-robin balancer then sends a
@@ -336,7 +345,7 @@ async def start_shared(
     ports = [free_port() for _ in range(p.replicas)]
     env = _sim_env(p, p.cache_tokens())
     bases = [f"http://127.0.0.1:{port}" for port in ports]
-    fronts = [name for name in CONTENDERS if name != "ideal"]
+    fronts = [name for name in p.contenders() if name != "ideal"]
     started = await together(
         *(start_sim(servers, env, port=port) for port in ports),
         *(_start_front(servers, name, bases) for name in fronts),
@@ -424,7 +433,8 @@ async def run(p: AffinityProfile, log: Callable[[str], None]) -> dict[str, Any]:
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         try:
             shared = await start_shared(p, servers) if p.share_replicas else {}
-            order = ("ideal", *CONTENDERS[:-1]) if shared else CONTENDERS  # shared: ideal first
+            ran = p.contenders()
+            order = ("ideal", *ran[:-1]) if shared else ran  # shared: the ideal first
             for name in order:
                 r = await run_contender(name, p, session, shared.get(name))
                 out["contenders"][name] = r
@@ -439,7 +449,7 @@ async def run(p: AffinityProfile, log: Callable[[str], None]) -> dict[str, Any]:
                 )
         finally:
             servers.stop_all()
-    c = out["contenders"] = {name: out["contenders"][name] for name in CONTENDERS}
+    c = out["contenders"] = {name: out["contenders"][name] for name in p.contenders()}
     if p.share_replicas:
         out["ideal_evicted_blocks"] = sum(x["evicted_blocks"] for x in c["ideal"]["replicas"])
     out["ttft_p50_round_robin_over_affinity"] = _ratio(

@@ -19,7 +19,8 @@ model for http-direct; wsmode for the others); wsmode to the model is loopback. 
 charges `tokenize_us_per_token` for every token it tokenises, as a real server does when it
 renders and tokenises the history: the whole history per turn on `/v1/responses`, only the
 new text on the token path. The ideal is the model's own time (time to first token plus the
-paced tokens), the tokenising of each turn's new input, and one round trip per turn. Each
+paced tokens), the tokenising of each turn's new input, sending that input over the uplink
+(its JSON at the link's rate: no protocol can send less), and one round trip per turn. Each
 loop's connection is opened before its clock starts.
 """
 
@@ -110,6 +111,7 @@ class Loop:
     model_seconds: float  # the simulated model's own time, summed over turns
     tokenize_seconds: float  # the model tokenising each turn's new input, summed (the ideal's)
     bytes_sent: int  # request bodies / frames the client wrote
+    new_input_bytes: int  # each turn's new input items as JSON, summed (the ideal sends these)
     history_bytes: int  # the conversation's JSON size at the end
     connect_s: float = 0.0  # opening the connection, before (outside) `seconds`
 
@@ -170,14 +172,16 @@ class _Tally:
     profile: AgentProfile
     history: list[Any]
     sent: int = 0
+    new_bytes: int = 0
     model: float = 0.0
     tokenize: float = 0.0
     t0: float = field(default_factory=time.perf_counter)
 
     def sending(self, items: list[Any]) -> None:
-        """A turn's new input: the ideal tokenises it (and nothing else) once."""
+        """A turn's new input: the ideal sends and tokenises it (and nothing else) once."""
         cost = self.profile.tokenize_us_per_token / 1e6
         self.tokenize += cost * count_tokens({"input": items}) if items else 0.0
+        self.new_bytes += len(orjson.dumps(items))
 
     def add(self, turn: Turn, k: int) -> list[Any]:
         """Count turn `k`; the next input (the tool outputs), empty once the model answered."""
@@ -188,12 +192,13 @@ class _Tally:
 
     def restart(self) -> None:
         """Start the clock (again) here: what came before is not counted."""
-        self.sent, self.model, self.tokenize, self.t0 = 0, 0.0, 0.0, time.perf_counter()
+        self.sent, self.new_bytes, self.model, self.tokenize = 0, 0, 0.0, 0.0
+        self.t0 = time.perf_counter()
 
     def loop(self, turns: int) -> Loop:
         seconds = time.perf_counter() - self.t0
         size = len(orjson.dumps(self.history))
-        return Loop(seconds, turns, self.model, self.tokenize, self.sent, size)
+        return Loop(seconds, turns, self.model, self.tokenize, self.sent, self.new_bytes, size)
 
 
 # Both contenders time the loop on a connection that is already open, as an agent session
@@ -267,6 +272,12 @@ async def ws_loop(url: str, profile: AgentProfile) -> Loop:
     raise BenchError("the agent loop did not end within its turn bound")
 
 
+def ideal_upload_s(new_input_bytes: int, uplink_mbit: float) -> float:
+    """The least time the loop's new input can take to cross the uplink: its bytes at the
+    link's rate, with no framing and no history."""
+    return new_input_bytes * 8 / (uplink_mbit * 1e6)
+
+
 def _summary(loops: list[Loop], errors: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"runs_s": [round(lp.seconds, 4) for lp in loops], "errors": errors}
     if loops:
@@ -274,6 +285,7 @@ def _summary(loops: list[Loop], errors: list[str]) -> dict[str, Any]:
             median_s=round(statistics.median(lp.seconds for lp in loops), 4),
             turns=loops[0].turns,
             bytes_sent=loops[0].bytes_sent,
+            new_input_bytes=loops[0].new_input_bytes,
             history_bytes=loops[0].history_bytes,
             model_s=round(loops[0].model_seconds, 4),
             ideal_tokenize_s=round(loops[0].tokenize_seconds, 4),
@@ -361,12 +373,14 @@ async def run_cells(
             first = next((lp[0] for lp in loops.values() if lp), None)
             turns = first.turns if first else 0
             floor = first.model_seconds + first.tokenize_seconds if first else 0.0
+            upload = ideal_upload_s(first.new_input_bytes if first else 0, cell.uplink_mbit)
             results.append(
                 {
                     "rtt_ms": cell.rtt_ms,
                     "uplink_mbit": cell.uplink_mbit,
                     "reps": cell.reps,
-                    "ideal_s": round(floor + turns * cell.rtt_ms / 1000, 4),
+                    "ideal_s": round(floor + upload + turns * cell.rtt_ms / 1000, 4),
+                    "ideal_upload_s": round(upload, 4),
                     "contenders": summary,
                 }
             )

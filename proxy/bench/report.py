@@ -111,8 +111,8 @@ def _agent_targets(agent: dict[str, Any]) -> list[dict[str, Any]]:
                     "the re-sent history is what WebSocket mode saves; 1.40x on the main link"),
             _target(f"agent loop{label}: WebSocket mode vs the ideal (time)", "<= 1.10x",
                     1.10, False, ideal, "x",
-                    "the ideal is the model's own time, tokenising each turn's new input, and "
-                    "one round trip per turn"),
+                    "the ideal is the model's own time, tokenising each turn's new input, "
+                    "sending it at the uplink's rate, and one round trip per turn"),
             _target(f"agent loop{label}, every grid cell ({grid_where}): vs HTTP direct",
                     ">= 1.00x", 1.0, True, worst, "x", "never slower than HTTP direct",
                     grid_result),

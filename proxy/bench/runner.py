@@ -150,7 +150,8 @@ def _method(plan: Plan, link: str, relay_loop: str) -> dict[str, Any]:
         "processes": "simulated model, wsmode serve (and wsmode sidecar) as separate processes; "
         "clients (aiohttp) in the bench process; all on loopback",
         "agent_loop": f"contenders interleaved A B A B in one run, median of each; link: {link}; "
-        "ideal = model time (time to first token + paced tokens) + one round trip per turn",
+        "ideal = model time (time to first token + paced tokens) + the model tokenising each "
+        "turn's new input + that input's JSON at the uplink's rate + one round trip per turn",
         "overhead": "loopback, model answers at once; HTTP direct, wsmode and the bare relay "
         "interleaved per turn on one connection each, bodies pre-serialised; each minus direct "
         f"at p50 and p99; {plan.rounds} rounds, one wsmode/bare ratio each",

@@ -44,11 +44,18 @@ def test_smallest_bench_run_writes_a_complete_report(tmp_path: Path) -> None:
     tokens = cell["contenders"]["ws-wsmode-tokens"]
     assert max(tokens["bytes_sent"], ws["bytes_sent"]) < http["bytes_sent"]
     # the ideal: the model's own time, its tokenising of each turn's new input (the tool
-    # outputs, in the same units on every path) and a round trip per turn
+    # outputs, in the same units on every path), that input at the uplink's rate (less than
+    # any contender sent) and a round trip per turn
     assert agent["profile"]["tokenize_us_per_token"] > 0
     assert 0 < http["ideal_tokenize_s"] == tokens["ideal_tokenize_s"] < http["model_s"]
+    # (the same tool outputs on both paths; their call ids are the model's or wsmode's)
+    assert 0 < tokens["new_input_bytes"] < tokens["bytes_sent"]
+    assert http["new_input_bytes"] == pytest.approx(tokens["new_input_bytes"], rel=0.05)
+    upload = http["new_input_bytes"] * 8 / (cell["uplink_mbit"] * 1e6)
+    assert cell["ideal_upload_s"] == pytest.approx(upload, abs=1e-4)
     assert cell["ideal_s"] == pytest.approx(
-        http["model_s"] + http["ideal_tokenize_s"] + 3 * cell["rtt_ms"] / 1000, abs=1e-3
+        http["model_s"] + http["ideal_tokenize_s"] + upload + 3 * cell["rtt_ms"] / 1000,
+        abs=1e-3,
     )
     names = [t["name"] for t in report["targets"] if t["name"].startswith("agent loop")]
     assert sum("token path" in n for n in names) == 3 and len(names) == 6

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from wsmode.bench import affinity
+import pytest
+from wsmode.bench import affinity, agent
 from wsmode.bench.procs import TOKENIZE_US_PER_TOKEN
 from wsmode.bench.runner import FULL, QUICK, SMOKE
 
@@ -59,3 +60,20 @@ def test_the_agent_loop_and_the_tokens_scenario_charge_one_tokenising_cost() -> 
     costs = {p.profile.tokenize_us_per_token for p in (FULL, QUICK, SMOKE)}
     costs |= {p.tokens.tokenize_us_per_token for p in (FULL, QUICK, SMOKE)}
     assert costs == {TOKENIZE_US_PER_TOKEN} and TOKENIZE_US_PER_TOKEN > 0
+
+
+def test_quick_affinity_runs_every_contender_a_target_reads() -> None:
+    """The targets compare wsmode-affinity with the balancer and the ideal; only the full
+    profile adds wsmode-none."""
+    read = {"round-robin", "wsmode-affinity", "ideal"}
+    assert set(affinity.QUICK.contenders()) == read
+    assert set(affinity.DEFAULT.contenders()) == read | {"wsmode-none"}
+    assert affinity.DEFAULT.contenders()[-1] == affinity.QUICK.contenders()[-1] == "ideal"
+
+
+def test_the_ideal_sends_a_turns_new_input_at_the_uplink_rate() -> None:
+    """8 KiB of new input takes 6.6 ms at 10 Mbit/s and 66 us at 1 Gbit/s: no contender can
+    send it faster, so the ideal pays it."""
+    assert agent.ideal_upload_s(8192, 10.0) == pytest.approx(0.0065536)
+    assert agent.ideal_upload_s(8192, 1000.0) == pytest.approx(0.000065536)
+    assert agent.ideal_upload_s(0, 10.0) == 0.0
