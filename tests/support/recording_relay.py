@@ -104,8 +104,13 @@ class RecordingRelay:
         return self._served.base
 
     async def start(self) -> None:
-        # no decompression: the bytes go back as the server sent them
-        self._session = aiohttp.ClientSession(auto_decompress=False)
+        # no decompression: the bytes go back as the server sent them. A connection per
+        # request: llama.cpp's server closes keep-alive connections on its own terms (an
+        # idle timeout, a request count), and a POST on one it has just closed fails ("Can
+        # not write request body") with no retry. wsmode checks a pooled connection before
+        # it reuses it; this relay need not pool
+        connector = aiohttp.TCPConnector(force_close=True)
+        self._session = aiohttp.ClientSession(auto_decompress=False, connector=connector)
         app = web.Application(client_max_size=1 << 30)
         app.router.add_route("*", "/{tail:.*}", self._forward)
         # a client that leaves cancels the handler, which ends the request to the server
