@@ -162,6 +162,8 @@ async def _size(
         for p in (50, 99)
     }
     out["ratio"]["cpu_per_turn"] = spread([c["wsmode"] / c["bare"] for c in cpu])
+    # wsmode's fixed cost per turn: its CPU per turn above the bare relay's, per round (us)
+    out["cpu_added_us"] = spread([(c["wsmode"] - c["bare"]) * 1000 for c in cpu])
     return out
 
 

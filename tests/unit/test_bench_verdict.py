@@ -122,3 +122,21 @@ def test_the_markdown_table_has_a_row_per_target_and_the_method_line() -> None:
     assert "Python 3.11.7" in text and "load average" in text and "spread" in text
     assert any("0.93x [0.90, 0.95], 2 rounds | PASS |" in r for r in rows)
     assert any("1.45x [1.40, 1.50], 2 rounds | **FAIL** |" in r for r in rows)
+
+
+def _overhead_row(nbytes: int, added_us: list[float]) -> dict[str, Any]:
+    return {"history_bytes": nbytes, "cpu_added_us": spread(added_us)}
+
+
+def test_the_fixed_cost_per_turn_is_read_at_the_smallest_history_in_microseconds() -> None:
+    sizes = [
+        _overhead_row(211_220, [420.0, 450.0, 430.0]),  # over the bound: not the row read
+        _overhead_row(28_155, [281.0, 316.0, 290.0]),
+    ]
+    row = _row({"overhead": {"sizes": sizes}}, "fixed cost per turn")
+    assert "27 KiB of history" in row["name"] and row["target"] == "<= 300 us"
+    assert (row["measured"], row["low"], row["high"]) == (290.0, 281.0, 316.0)
+    assert row["result"] == "within noise"  # 300 us lies inside the rounds' range
+    under = [_overhead_row(28_155, [250.0, 270.0])]
+    assert _row({"overhead": {"sizes": under}}, "fixed cost per turn")["result"] == "PASS"
+    assert _row({}, "fixed cost per turn")["result"] == "NOT RUN"
