@@ -29,7 +29,8 @@ most all of them) as served from a prompt cache (`input_tokens_details.cached_to
 With `tokenize_us_per_token` above 0 a request pays that CPU per token of its whole input
 before it answers, as a server that renders and tokenises the whole history every turn does
 (the Chat endpoint and the token endpoints pay the same per token, sim/tokens.py), unless
-its `metadata.sim_untimed` is "true": a turn a benchmark sends before its clock.
+its `metadata.sim_untimed` is "true": a turn a benchmark sends before its clock, which is
+also answered at once (no time to first token, no pacing).
 
 Prefix cache (sim/prefix_cache.py, off by default): with `prefix_cache_tokens` above 0 each
 process keeps an LRU of prompt blocks and reports the tokens found there as cached in the
@@ -105,8 +106,10 @@ async def _responses(request: web.Request) -> web.StreamResponse:
     if not isinstance(meta, dict):
         meta = {}
     # a real server tokenises the whole rendered history; a turn a benchmark does not time
-    # (`sim_untimed`) is not charged for it, so that setting up a conversation is quick
-    if cfg.tokenize_us_per_token > 0 and str(meta.get("sim_untimed")).lower() != "true":
+    # (`sim_untimed`) is not charged for it, nor for a time to first token or pacing, so
+    # that setting up a conversation is quick
+    untimed = str(meta.get("sim_untimed")).lower() == "true"
+    if cfg.tokenize_us_per_token > 0 and not untimed:
         state.tokenizing(count_tokens(body))
     fault = str(meta.get("sim_fault") or (state.faults.popleft() if state.faults else ""))
     kind, _, arg = fault.partition(":")
@@ -134,7 +137,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     stamp = str(meta.get("sim_stamp")).lower() == "true"
-    paced = cfg.tokens_per_second > 0
+    paced = cfg.tokens_per_second > 0 and not untimed
     with state.streaming():
         await resp.prepare(request)
         t0 = time.monotonic()
@@ -154,7 +157,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
                 if pending:
                     await resp.write(b"".join(pending))
                 return await inject_fault(kind, request, resp, _sse(ev), _error_event(ev))
-            if ev["type"] in _DELTAS:
+            if ev["type"] in _DELTAS and not untimed:
                 due = t0 + cfg.ttft_ms / 1000 + (token / cfg.tokens_per_second if paced else 0)
                 token += 1
                 delay = due - time.monotonic()

@@ -11,6 +11,7 @@ turn, as its Chat endpoint does (what the benchmark's HTTP and chat-path contend
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from collections.abc import Awaitable, Callable
@@ -18,6 +19,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 from websockets.asyncio.client import connect
 from wsmode.sim.model import count_tokens
 
@@ -137,3 +139,24 @@ async def test_an_untimed_turn_is_not_charged_for_tokenising(sim_factory: SimFac
     assert await charged({**body, "metadata": {"sim_untimed": "true"}}) == 0
     assert await charged({**body, "metadata": {"sim_untimed": "false"}}) > 0
     assert await charged(body) > 0
+
+
+async def test_an_untimed_turn_is_answered_without_the_models_time(sim_factory: SimFactory) -> None:
+    """`metadata.sim_untimed` also spares the turn its time to first token and its pacing:
+    with a minute to the first token, the untimed turn is answered whole at once, and a
+    timed one has not even started its answer a second later."""
+    sim = await sim_factory(ttft_ms=60_000, tokens_per_second=1.0, tool_calls_per_turn=0)
+    body = {"model": "sim", "input": [user("alpha")], "stream": True}
+
+    async def answer(request: dict[str, Any]) -> bytes:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{sim.url}/responses", data=orjson.dumps(request)) as r,
+        ):
+            assert r.status == 200
+            return await r.read()
+
+    untimed = await asyncio.wait_for(answer({**body, "metadata": {"sim_untimed": "true"}}), 30)
+    assert b"response.output_text.delta" in untimed and b"response.completed" in untimed
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(answer(body), 1.0)
