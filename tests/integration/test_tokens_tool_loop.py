@@ -144,7 +144,7 @@ async def test_an_untimed_turn_is_not_charged_for_tokenising(sim_factory: SimFac
 async def test_an_untimed_turn_is_answered_without_the_models_time(sim_factory: SimFactory) -> None:
     """`metadata.sim_untimed` also spares the turn its time to first token and its pacing:
     with a minute to the first token, the untimed turn is answered whole at once, and a
-    timed one has not even started its answer a second later."""
+    timed one is still waiting for its first token a second later."""
     sim = await sim_factory(ttft_ms=60_000, tokens_per_second=1.0, tool_calls_per_turn=0)
     body = {"model": "sim", "input": [user("alpha")], "stream": True}
 
