@@ -111,7 +111,7 @@ class UpstreamSettings:
     # ---- several replicas of one model server (docs/pool.md): where a conversation goes
     urls: tuple[str, ...] = ()  # base URLs of the replicas; `url` alone is a pool of one
     affinity: str = "conversation"  # or "none": least-loaded, ties round-robin
-    load_bound: float = 1.25  # a new chain skips a replica above ceil(this x average); 0: off
+    load_bound: float = 1.0  # a new chain skips a replica at ceil(this x average); 0: off
     session_header: str = "x-session-id"  # the chain's key as a header upstream; "": none
     session_key_in_body: bool = True  # ... and as prompt_cache_key when the client set none
     llamacpp_slots: int = 0  # > 0: pin each chain to llama.cpp slot hash(chain) % this

@@ -19,14 +19,16 @@ Replicas come from `upstream.urls` (or the single `upstream.url`). Each has
 Placement (`UpstreamPool.order`). With `affinity = "conversation"` a turn whose parent was
 served by a replica goes back to it (`hit`) while that replica is available; otherwise
 (`moved`) it is placed as a new chain is, and the response records its new replica, so the
-chain moves once and stays. A new chain is placed by rendezvous hashing of its key
-(`rendezvous`: every replica scores the key, the highest wins, so adding or losing a replica
-moves only the chains that must move) with a load bound (`bounded`): a replica with
-`ceil(load_bound x average)` requests in flight, or at its limit, is skipped and the chain
-goes to the next in rendezvous order (`spilled`) instead of queueing. With `affinity =
-"none"` every request goes to the least-loaded replica, ties taken in turn. Requests that are
-not a turn (summaries, passthrough, the tokenizer, the probe) go to the least-loaded
-available replica.
+chain moves once and stays. A plain-HTTP conversation that resends its history has no parent
+to record a replica: the pool remembers where its chain (keyed by its start) last went
+(`homes`, the latest `HOMES` chains), and its next turn goes there the same way. A new chain
+is placed by rendezvous hashing of its key (`rendezvous`: every replica scores the key, the
+highest wins, so adding or losing a replica moves only the chains that must move) with a
+load bound (`bounded`): a replica with `ceil(load_bound x average)` requests in flight, or
+at its limit, is skipped and the chain goes to the next in rendezvous order (`spilled`)
+instead of queueing. With `affinity = "none"` every request goes to the least-loaded replica,
+ties taken in turn. Requests that are not a turn (summaries, passthrough, the tokenizer, the
+probe) go to the least-loaded available replica.
 
 A request that cannot connect at all (nothing was sent) is sent to the next replica of the
 order, each replica at most once; a failure after that fails the request as it did before.
@@ -47,12 +49,13 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
+from lru import LRU
 from yarl import URL
 
 from ..config import UpstreamSettings
 from ..core.actions import Route
 from ..core.errors import UpstreamError
-from ..core.routing import stable_hash
+from ..core.routing import CONTENT, stable_hash
 from ..core.urls import redact_url
 from ..telemetry.context import ON, OUTGOING
 from .client import UpstreamClient, UpstreamGate, UpstreamRequest, _Chunks
@@ -63,6 +66,7 @@ log = logging.getLogger("wsmode.upstream")
 # health checks say what they are, in the model server's logs too
 HEALTH_CHECK_HEADERS = {"User-Agent": "wsmode-health-check"}
 AFFINITY_OUTCOMES = ("hit", "new", "moved", "spilled")
+HOMES = 16_384  # plain-HTTP chains whose replica the pool remembers, most recent first
 REQUEST_OUTCOMES = ("ok", "http_4xx", "http_5xx", "unavailable", "timeout", "overloaded", "stream")
 
 
@@ -190,6 +194,7 @@ class UpstreamPool:
         self.replicas: list[Replica] = []
         self.by_name: dict[str, Replica] = {}
         self.affinity = Counter[str]()
+        self.homes: Any = LRU(HOMES)  # content-keyed chain -> the replica that took its turn
         self._turn = 0  # round-robin among equally loaded replicas
         # a replica may have been restarted (healthy again, a connection failed): token_replicas
         self.on_restart: Callable[[Replica], None] | None = None
@@ -269,7 +274,8 @@ class UpstreamPool:
             return self.least_loaded(), None
         up = self.available()
         pool = up or self.replicas  # nothing available: try every one anyway
-        home = self.by_name.get(route.replica) if route.replica is not None else None
+        name = self._home(route)
+        home = self.by_name.get(name) if name is not None else None
         if len(pool) == 1:  # one replica: its rank needs no hashing
             ranked = list(pool)
         else:
@@ -279,18 +285,27 @@ class UpstreamPool:
         loads, spilled = bounded([r.load() for r in ranked], self.settings.load_bound)
         chosen = [self.by_name[load.name] for load in loads]
         outcome = "spilled" if spilled else "new"
-        if route.replica is not None:  # its replica is gone, or not available now
+        if name is not None:  # its replica is gone, or not available now
             outcome = "moved"
         rest = [r for r in self.replicas if r not in chosen]
         return chosen + rest, outcome
+
+    def _home(self, route: Route) -> str | None:
+        """The replica that served the chain's last turn: the parent's, or for a plain-HTTP
+        conversation that resends its history, the one remembered for its chain."""
+        if route.replica is None and route.chain.startswith(CONTENT):
+            name: str | None = self.homes.get(route.chain)
+            return name
+        return route.replica
 
     def _only_outcome(self, route: Route | None) -> str | None:
         """`order`'s affinity outcome when there is one replica (it is every chain's home)."""
         if route is None or self.settings.affinity == "none":
             return None
-        if route.replica is None:
+        name = self._home(route)
+        if name is None:
             return "new"
-        return "hit" if self.by_name.get(route.replica) is self.replicas[0] else "moved"
+        return "hit" if self.by_name.get(name) is self.replicas[0] else "moved"
 
     def pick(self) -> Replica:
         """A replica for a request that is not a turn: the least-loaded available one."""
@@ -426,6 +441,8 @@ class PoolRequest:
                 continue
             self.taken = on
             if outcome is not None:
+                if route is not None and route.chain.startswith(CONTENT):
+                    pool.homes[route.chain] = replica.name
                 placed = "moved" if attempt and outcome == "hit" else outcome
                 pool.affinity[placed] += 1
                 if traced is not None:

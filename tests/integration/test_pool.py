@@ -308,6 +308,58 @@ async def test_a_hot_replica_spills_a_new_conversation_past_the_load_bound(
     assert sample(m, "wsmode_upstream_affinity_total", outcome="spilled") == 1
 
 
+async def test_a_plain_http_conversation_that_spilled_stays_where_its_history_went(
+    sims: list[SimProcess], proxy_factory: ProxyFactory
+) -> None:
+    """A client that resends its whole history over plain HTTP has no parent to record a
+    replica: its first turn spills past a hot replica, and its next turn, with no load
+    anywhere, still goes where the first one went (a hit), not back to its rendezvous
+    choice, which holds none of its history."""
+    a, b = sims[:2]
+    proxy = await pool_proxy(
+        proxy_factory, [a, b], upstream__health_interval=0, upstream__load_bound=1.0
+    )
+    stall = {"metadata": {"sim_fault": "stall:2"}}
+    async with connect(proxy.ws) as hot:
+        before = await streams_started([a, b])
+        await send(hot, create(input="hot", prompt_cache_key="k", **stall))
+        await recv(hot)  # generating (stalled) on its replica
+        hot_on = await delta([a, b], before)
+        # conversations start until one prefers the hot replica and spills off it (each
+        # prefers either replica by its key's hash: 20 starts all miss with odds of 1e-6)
+        for n in range(20):
+            first = [user(f"conversation {n}")]
+            spilled = sample(
+                await scrape(proxy), "wsmode_upstream_affinity_total", outcome="spilled"
+            )
+            before = await streams_started([a, b])
+            status, doc = await post_responses(
+                proxy, {"model": "sim", "instructions": "be brief", "input": first, "store": False}
+            )
+            assert status == 200, doc
+            assert await delta([a, b], before) == [1 - h for h in hot_on]  # never the hot one
+            m = await scrape(proxy)
+            if sample(m, "wsmode_upstream_affinity_total", outcome="spilled") > spilled:
+                break
+        else:
+            pytest.fail("no conversation preferred the hot replica")
+    await until(lambda: _idle(proxy), message="the hot request never ended")
+    hits = sample(m, "wsmode_upstream_affinity_total", outcome="hit")
+    before = await streams_started([a, b])
+    whole = {"instructions": "be brief", "input": [*first, *doc["output"], user("and then?")]}
+    status, second = await post_responses(proxy, {"model": "sim", "store": False, **whole})
+    assert status == 200, second
+    assert await delta([a, b], before) == [1 - h for h in hot_on]  # where its history is
+    m = await scrape(proxy)
+    assert sample(m, "wsmode_upstream_affinity_total", outcome="hit") == hits + 1
+
+
+async def _idle(proxy: Proxy) -> bool:
+    """No request in flight on any replica (/readyz)."""
+    _, doc = await readyz(proxy)
+    return all(u["in_flight"] == 0 for u in doc["upstreams"])
+
+
 async def test_each_replica_has_its_own_concurrency_limit(
     sims: list[SimProcess], proxy_factory: ProxyFactory
 ) -> None:

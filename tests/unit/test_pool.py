@@ -1,5 +1,6 @@
-"""The upstream pool's pure parts: rendezvous placement, the load bound, the health and
-ejection state machine, and the order a request tries the replicas in (docs/pool.md)."""
+"""The upstream pool's pure parts: rendezvous placement, the load bound, the remembered
+replicas of plain-HTTP chains, the health and ejection state machine, and the order a request
+tries the replicas in (docs/pool.md)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from dataclasses import replace
 import pytest
 from wsmode.config import UpstreamSettings
 from wsmode.core.actions import Route
+from wsmode.core.routing import CLIENT, CONNECTION, CONTENT, chain_key
 from wsmode.upstream.client import UpstreamClient
-from wsmode.upstream.pool import Health, Load, UpstreamPool, bounded, rendezvous
+from wsmode.upstream.pool import HOMES, Health, Load, UpstreamPool, bounded, rendezvous
 
 NAMES = [f"10.0.0.{i}:8000" for i in range(1, 6)]
 URLS = [f"http://{n}/v1" for n in NAMES[:3]]
@@ -152,6 +154,46 @@ def test_a_new_chain_is_placed_by_rendezvous_and_spills_past_the_bound() -> None
     pool.by_name[first[0]].in_flight = 1  # average (1 + 1) / 3: cap 1, reached
     order, outcome = pool.order(Route(None, "chain-y"))
     assert order[0].name == first[1] and outcome == "spilled"
+
+
+def test_a_plain_http_chain_goes_back_to_the_replica_the_pool_remembers() -> None:
+    """A conversation keyed by its start (plain HTTP, history resent) has no parent replica:
+    the one its last turn went to is remembered, and wins over rendezvous and the bound."""
+    pool = make_pool(load_bound=1.0)
+    key = chain_key("anonymous", CONTENT, b"first turn")
+    first = rendezvous([r.name for r in pool.replicas], key)
+    pool.homes[key] = first[2]
+    home = pool.by_name[first[2]]
+    home.in_flight = 4  # busy: a hit still waits there, as a cached parent's turn does
+    order, outcome = pool.order(Route(None, key))
+    assert order[0] is home and outcome == "hit"
+    home.health.healthy = False  # gone: placed as a new chain, and counted a move
+    order, outcome = pool.order(Route(None, key))
+    assert order[0].name == first[0] and outcome == "moved"
+    # a chain keyed by a connection or by the client's prompt_cache_key is not looked up:
+    # its turns carry their parent's replica, and new conversations sharing it may spill
+    for kind in (CONNECTION, CLIENT):
+        other = chain_key("anonymous", kind, "k")
+        pool.homes[other] = home.name
+        assert pool.order(Route(None, other))[1] == "new"
+
+
+def test_the_remembered_chains_are_bounded_most_recent_kept() -> None:
+    pool = make_pool()
+    keys = [chain_key("anonymous", CONTENT, f"conversation {i}".encode()) for i in range(HOMES + 5)]
+    for key in keys:
+        pool.homes[key] = pool.replicas[0].name
+    assert len(pool.homes) == HOMES
+    assert keys[0] not in pool.homes and keys[-1] in pool.homes
+
+
+def test_one_replica_counts_a_remembered_plain_http_chain_as_a_hit() -> None:
+    settings = UpstreamSettings(urls=(URLS[0],))
+    pool = UpstreamPool(UpstreamClient(URLS[0], settings), settings, [URLS[0]], Clock())
+    key = chain_key("anonymous", CONTENT, b"first turn")
+    assert pool.order(Route(None, key))[1] == "new"
+    pool.homes[key] = pool.replicas[0].name
+    assert pool.order(Route(None, key))[1] == "hit"
 
 
 def test_affinity_none_takes_the_least_loaded_in_turn() -> None:
