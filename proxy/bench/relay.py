@@ -16,6 +16,10 @@ those frames.
   p50/p99 of (arrival - stamp), through wsmode, through the bare relay and straight from the
   model over HTTP, runs interleaved.
 
+One model process, one wsmode and one bare relay serve every cell: each create sets its own
+pace (`metadata.sim_tokens_per_second`, docs/sim.md), and the paced streams run on the sockets
+of the fast cell with as many connections, opened and warmed once.
+
 Every measurement runs twice per round, once through wsmode and once through the bare relay
 (proxy/bench/bare.py, the baseline), in alternating order; the targets are the per-round
 ratios wsmode / bare relay, reported as their median and range over `rounds` rounds.
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +51,7 @@ from .procs import (
 from .stats import median, percentile, spread
 
 CONNECT_CONCURRENCY = 100  # connections opened at once (the listen backlog is 128)
+LATENCY_TPS = 1000.0  # the latency cell's stream: events a second
 
 
 @dataclass(frozen=True)
@@ -62,8 +67,9 @@ class RelayPlan:
     rounds: int = 3  # each contender's measurements, interleaved wsmode/bare, bare/wsmode
 
 
-def _create(tokens: int, stamp: bool = False) -> bytes:
-    meta = {"sim_output_tokens": str(tokens)}
+def _create(tokens: int, stamp: bool = False, tps: float = 0.0) -> bytes:
+    """A create for `tokens` events, paced by the model at `tps` a second (0: unpaced)."""
+    meta = {"sim_output_tokens": str(tokens), "sim_tokens_per_second": f"{tps:g}"}
     if stamp:
         meta["sim_stamp"] = "true"
     return orjson.dumps(
@@ -138,33 +144,39 @@ async def _interleaved(
     relays: dict[str, Server],
     sim: Server,
     n: int,
-    tokens: int,
-    per_socket: int,
+    cells: list[tuple[bytes, int]],
     rounds: int,
-) -> dict[str, Any]:
-    """`rounds` measurements of each contender, interleaved, and wsmode/bare per round. Each
-    contender's `n` sockets are opened and warmed once (one response each, so wsmode's
-    upstream pool is open) and measured in every round: a round starts on warm connections,
-    and no round runs while the other contender's sockets are being opened or closed."""
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in CONTENDERS}
+) -> list[dict[str, Any]]:
+    """`rounds` measurements of each contender per cell (a create, and how many turns each
+    socket takes), interleaved, and wsmode/bare per round. Each contender's `n` sockets are
+    opened and warmed once (one response each, so wsmode's upstream pool is open) and
+    measured in every round of every cell: a round starts on warm connections, and no round
+    runs while the other contender's sockets are being opened or closed."""
+    runs: list[dict[str, list[dict[str, Any]]]] = [{name: [] for name in CONTENDERS} for _ in cells]
     sockets: dict[str, list[aiohttp.ClientWebSocketResponse]] = {}
     try:
         for name in CONTENDERS:
             url = f"ws://{relays[name].host}:{relays[name].port}/v1/responses"
             sockets[name] = await _open(session, url, n)
             await _round(sockets[name], _create(8), 1, relays[name], sim)  # warm
-        frame = _create(tokens)
         for r in range(rounds):
-            for name in _order(r):
-                runs[name].append(await _round(sockets[name], frame, per_socket, relays[name], sim))
+            for (frame, per_socket), cell in zip(cells, runs, strict=True):
+                for name in _order(r):
+                    measured = await _round(sockets[name], frame, per_socket, relays[name], sim)
+                    cell[name].append(measured)
     finally:
         every = [ws for group in sockets.values() for ws in group]
         await asyncio.gather(*(ws.close() for ws in every), return_exceptions=True)
+    return [_compared(n, cell) for cell in runs]
+
+
+def _compared(n: int, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """One cell's rounds: wsmode's medians, then the bare relay's, then the ratios, then
+    every round."""
     ws, bare = runs["wsmode"], runs["bare"]
     return {
         "connections": n,
         "events": sum(x["events"] for x in ws),
-        # wsmode's medians, then the bare relay's, then the ratios, then every round
         "events_per_s": round(median([x["events_per_s"] for x in ws])),
         "proxy_cpu_us_per_event": round(median([x["proxy_cpu_us_per_event"] for x in ws]), 2),
         "bare_events_per_s": round(median([x["events_per_s"] for x in bare])),
@@ -193,10 +205,14 @@ async def _latency(
             "input": "go",
             "store": False,
             "stream": True,
-            "metadata": {"sim_output_tokens": str(plan.latency_tokens), "sim_stamp": "true"},
+            "metadata": {
+                "sim_output_tokens": str(plan.latency_tokens),
+                "sim_stamp": "true",
+                "sim_tokens_per_second": f"{LATENCY_TPS:g}",
+            },
         }
     )
-    frame = _create(plan.latency_tokens, stamp=True)
+    frame = _create(plan.latency_tokens, stamp=True, tps=LATENCY_TPS)
     per_run: dict[str, list[list[int]]] = {"direct": [], **{name: [] for name in CONTENDERS}}
     sockets = {
         name: await ws_connect(session, f"ws://{s.host}:{s.port}/v1/responses")
@@ -230,28 +246,6 @@ async def _latency(
     return out
 
 
-async def _start(
-    servers: Servers, sims: dict[str, dict[str, str]], env: dict[str, str], loop: str
-) -> dict[str, tuple[Server, dict[str, Server]]]:
-    """Per model setting: a sim, and wsmode and the bare relay in front of it. Every process
-    starts at once (the ports are chosen first); idle, the others cost a measurement nothing."""
-    ports = {key: free_port() for key in sims}
-    starts: list[Awaitable[Server]] = []
-    for key, sim_settings in sims.items():
-        upstream = f"http://127.0.0.1:{ports[key]}/v1"
-        starts += [
-            start_sim(servers, sim_settings, port=ports[key]),
-            start_proxy(servers, upstream, env=env, loop=loop),
-            start_bare(servers, upstream),
-        ]
-    started = await together(*starts)
-    out = {}
-    for i, key in enumerate(sims):
-        sim, wsmode, bare = started[3 * i : 3 * i + 3]
-        out[key] = (sim, {"wsmode": wsmode, "bare": bare})
-    return out
-
-
 def _line(r: dict[str, Any]) -> str:
     ratio = r["ratio"]
     return (
@@ -271,30 +265,43 @@ async def run(plan: RelayPlan, log: Callable[[str], None]) -> dict[str, Any]:
         "WSMODE_SERVER_LOG_LEVEL": "WARNING",
     }
     rounds = max(1, plan.rounds)
-    sims = {
-        "fast": sim_env(ttft_ms=0, tokens_per_second=0, output_tokens=8),
-        "paced": sim_env(ttft_ms=0, tokens_per_second=plan.paced_tps, output_tokens=8),
-        "latency": sim_env(ttft_ms=0, tokens_per_second=1000, output_tokens=8),
-    }
+    # one model process for every cell, unpaced unless a create sets its own pace
+    port = free_port()  # chosen first: the three processes start side by side
+    upstream = f"http://127.0.0.1:{port}/v1"
     connector = aiohttp.TCPConnector(limit=0)
     servers = Servers()
     try:
-        sets = await _start(servers, sims, env, plan.loop)
+        sim, wsmode, bare = await together(
+            start_sim(servers, sim_env(ttft_ms=0, tokens_per_second=0, output_tokens=8), port=port),
+            start_proxy(servers, upstream, env=env, loop=plan.loop),
+            start_bare(servers, upstream),
+        )
+        relays = {"wsmode": wsmode, "bare": bare}
+        paced_tokens = max(1, int(plan.paced_tps * plan.paced_seconds))
+        paced = (_create(paced_tokens, tps=plan.paced_tps), 1)
         async with aiohttp.ClientSession(connector=connector) as session:
-            sim, relays = sets["fast"]
-            for n in plan.connections:
-                per = max(1, plan.fast_events // n)
-                tokens, turns = (per, 1) if n > 1 else (min(per, 10_000), max(1, per // 10_000))
-                r = await _interleaved(session, relays, sim, n, tokens, turns, rounds)
-                log(f"  relay fast {n} connection(s): {_line(r)}")
-                out["fast"].append(r)
-            sim, relays = sets["paced"]
-            tokens = max(1, int(plan.paced_tps * plan.paced_seconds))
-            r = await _interleaved(session, relays, sim, plan.paced_streams, tokens, 1, rounds)
-            r["offered_events_per_s"] = round(plan.paced_tps * plan.paced_streams)
-            log(f"  relay paced {plan.paced_streams} streams x {plan.paced_tps:g}/s: {_line(r)}")
-            out["paced"] = r
-            sim, relays = sets["latency"]
+            counts = sorted({*plan.connections, plan.paced_streams})
+            for n in counts:
+                cells = []
+                if n in plan.connections:
+                    per = max(1, plan.fast_events // n)
+                    tokens, turns = (per, 1) if n > 1 else (min(per, 10_000), max(1, per // 10_000))
+                    cells.append((_create(tokens), turns))
+                if n == plan.paced_streams:  # on the same sockets as the fast cell
+                    cells.append(paced)
+                measured = await _interleaved(session, relays, sim, n, cells, rounds)
+                if n in plan.connections:
+                    r = measured.pop(0)
+                    log(f"  relay fast {n} connection(s): {_line(r)}")
+                    out["fast"].append(r)
+                if n == plan.paced_streams:
+                    r = measured.pop(0)
+                    r["offered_events_per_s"] = round(plan.paced_tps * plan.paced_streams)
+                    log(
+                        f"  relay paced {plan.paced_streams} streams x {plan.paced_tps:g}/s: "
+                        f"{_line(r)}"
+                    )
+                    out["paced"] = r
             r = await _latency(session, sim, relays, plan)
             log(
                 f"  relay latency, 1 paced stream: p50 {r['p50_wsmode_ms']} ms through wsmode,"

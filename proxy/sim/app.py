@@ -21,8 +21,9 @@ endpoints of llama.cpp, vLLM and SGLang (`/completion`, `/inference/v1/generate`
 Writes: with `tokens_per_second` above 0 every event is its own write, paced as configured;
 at 0 the events are joined into writes of up to 64 KiB. For latency benchmarks,
 `metadata.sim_stamp: "true"` adds `sim_sent_ns` (CLOCK_MONOTONIC, ns) to every event, taken just
-before it is serialised and written, and `metadata.sim_output_tokens: "N"` overrides
-`output_tokens` for that request. `metadata.sim_echo: "partial"` makes the response objects
+before it is serialised and written, `metadata.sim_output_tokens: "N"` overrides
+`output_tokens` for that request, and `metadata.sim_tokens_per_second: "N"` its pacing (0: as
+fast as possible), so that one process serves paced and unpaced benchmark streams. `metadata.sim_echo: "partial"` makes the response objects
 those of a server that echoes little (`events.partial_response`).
 `metadata.sim_cached_tokens: "N"` makes the terminal usage report N of the input tokens (at
 most all of them) as served from a prompt cache (`input_tokens_details.cached_tokens`).
@@ -137,7 +138,8 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     stamp = str(meta.get("sim_stamp")).lower() == "true"
-    paced = cfg.tokens_per_second > 0 and not untimed
+    tps = _number(meta.get("sim_tokens_per_second"), cfg.tokens_per_second)
+    paced = tps > 0 and not untimed
     with state.streaming():
         await resp.prepare(request)
         t0 = time.monotonic()
@@ -158,7 +160,7 @@ async def _responses(request: web.Request) -> web.StreamResponse:
                     await resp.write(b"".join(pending))
                 return await inject_fault(kind, request, resp, _sse(ev), _error_event(ev))
             if ev["type"] in _DELTAS and not untimed:
-                due = t0 + cfg.ttft_ms / 1000 + (token / cfg.tokens_per_second if paced else 0)
+                due = t0 + cfg.ttft_ms / 1000 + (token / tps if paced else 0)
                 token += 1
                 delay = due - time.monotonic()
                 if delay > 0:
@@ -186,6 +188,15 @@ async def _responses(request: web.Request) -> web.StreamResponse:
         state.answered(prefilled, current.get("output"))
         state.completed += 1
         return resp
+
+
+def _number(value: Any, default: float) -> float:
+    """A metadata value (a string, in the API) as a number of at least 0; else `default`."""
+    try:
+        number = float(value) if isinstance(value, str) else default
+    except ValueError:
+        return default
+    return number if number >= 0 else default
 
 
 def _report_cached(usage: dict[str, Any], cached: int) -> None:

@@ -64,3 +64,31 @@ async def test_benchmark_metadata_stamps_events_and_sets_the_length(sim: Sim) ->
     assert all(isinstance(s, int) for s in stamps) and stamps == sorted(stamps)
     plain = await _events(sim)
     assert all("sim_sent_ns" not in e for e in plain)
+
+
+def _delta_span_s(events: list[dict[str, Any]]) -> float:
+    """Seconds between the first and the last text delta, by the sim's own stamps."""
+    stamps = [e["sim_sent_ns"] for e in events if e["type"] == "response.output_text.delta"]
+    return (stamps[-1] - stamps[0]) / 1e9
+
+
+async def test_one_request_sets_its_own_pacing(
+    sim_factory: Callable[..., Awaitable[Sim]],
+) -> None:
+    """`metadata.sim_tokens_per_second` paces one answer, or unpaces it, whatever the
+    process's `tokens_per_second` is (the relay benchmark's paced and fast streams share a
+    process)."""
+    fast = await sim_factory(tokens_per_second=0, output_tokens=5)
+    meta = {"sim_stamp": "true", "sim_output_tokens": "11"}
+    paced = await _events(fast, metadata={**meta, "sim_tokens_per_second": "50"})
+    assert _delta_span_s(paced) >= 10 / 50 * 0.9  # 11 deltas 20 ms apart, at the least
+    slow = await sim_factory(tokens_per_second=20, output_tokens=5)
+    meta["sim_output_tokens"] = "300"  # 15 s at the process's own pace
+    meta["sim_tokens_per_second"] = "0"
+    unpaced = await _events(slow, metadata=meta)
+    assert _delta_span_s(unpaced) < 300 / 20 / 2
+    assert _strip(unpaced) == _strip(await _events(fast, metadata=meta))  # the same answer
+    # a value that is not a number of at least 0 leaves the process's pacing
+    for bad in ("-1", "fast", "nan"):
+        one = await _events(fast, metadata={**meta, "sim_tokens_per_second": bad})
+        assert len(one) == 300 + 8
