@@ -23,8 +23,9 @@ at 0 the events are joined into writes of up to 64 KiB. For latency benchmarks,
 `metadata.sim_stamp: "true"` adds `sim_sent_ns` (CLOCK_MONOTONIC, ns) to every event, taken just
 before it is serialised and written, `metadata.sim_output_tokens: "N"` overrides
 `output_tokens` for that request, and `metadata.sim_tokens_per_second: "N"` its pacing (0: as
-fast as possible), so that one process serves paced and unpaced benchmark streams. `metadata.sim_echo: "partial"` makes the response objects
-those of a server that echoes little (`events.partial_response`).
+fast as possible), so that one process serves paced and unpaced benchmark streams.
+`metadata.sim_echo: "partial"` makes the response objects those of a server that echoes
+little (`events.partial_response`).
 `metadata.sim_cached_tokens: "N"` makes the terminal usage report N of the input tokens (at
 most all of them) as served from a prompt cache (`input_tokens_details.cached_tokens`).
 With `tokenize_us_per_token` above 0 a request pays that CPU per token of its whole input

@@ -274,7 +274,9 @@ class UpstreamPool:
             return self.least_loaded(), None
         up = self.available()
         pool = up or self.replicas  # nothing available: try every one anyway
-        name = self._home(route)
+        name = route.replica  # the parent's; a plain-HTTP conversation's, as remembered
+        if name is None and route.chain.startswith(CONTENT):
+            name = self.homes.get(route.chain)
         home = self.by_name.get(name) if name is not None else None
         if len(pool) == 1:  # one replica: its rank needs no hashing
             ranked = list(pool)
@@ -290,22 +292,13 @@ class UpstreamPool:
         rest = [r for r in self.replicas if r not in chosen]
         return chosen + rest, outcome
 
-    def _home(self, route: Route) -> str | None:
-        """The replica that served the chain's last turn: the parent's, or for a plain-HTTP
-        conversation that resends its history, the one remembered for its chain."""
-        if route.replica is None and route.chain.startswith(CONTENT):
-            name: str | None = self.homes.get(route.chain)
-            return name
-        return route.replica
-
     def _only_outcome(self, route: Route | None) -> str | None:
         """`order`'s affinity outcome when there is one replica (it is every chain's home)."""
         if route is None or self.settings.affinity == "none":
             return None
-        name = self._home(route)
-        if name is None:
+        if route.replica is None:  # a plain-HTTP conversation's too: nothing is remembered
             return "new"
-        return "hit" if self.by_name.get(name) is self.replicas[0] else "moved"
+        return "hit" if self.by_name.get(route.replica) is self.replicas[0] else "moved"
 
     def pick(self) -> Replica:
         """A replica for a request that is not a turn: the least-loaded available one."""
@@ -441,8 +434,8 @@ class PoolRequest:
                 continue
             self.taken = on
             if outcome is not None:
-                if route is not None and route.chain.startswith(CONTENT):
-                    pool.homes[route.chain] = replica.name
+                if len(order) > 1 and route is not None and route.chain.startswith(CONTENT):
+                    pool.homes[route.chain] = replica.name  # where its next turn goes
                 placed = "moved" if attempt and outcome == "hit" else outcome
                 pool.affinity[placed] += 1
                 if traced is not None:

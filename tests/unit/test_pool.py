@@ -187,15 +187,6 @@ def test_the_remembered_chains_are_bounded_most_recent_kept() -> None:
     assert keys[0] not in pool.homes and keys[-1] in pool.homes
 
 
-def test_one_replica_counts_a_remembered_plain_http_chain_as_a_hit() -> None:
-    settings = UpstreamSettings(urls=(URLS[0],))
-    pool = UpstreamPool(UpstreamClient(URLS[0], settings), settings, [URLS[0]], Clock())
-    key = chain_key("anonymous", CONTENT, b"first turn")
-    assert pool.order(Route(None, key))[1] == "new"
-    pool.homes[key] = pool.replicas[0].name
-    assert pool.order(Route(None, key))[1] == "hit"
-
-
 def test_affinity_none_takes_the_least_loaded_in_turn() -> None:
     pool = make_pool(affinity="none")
     seen = [pool.order(Route(pool.replicas[0].name, "c"))[0][0].name for _ in range(6)]
