@@ -48,9 +48,10 @@ def pool_families(pool: UpstreamPool) -> Iterable[Metric]:
         ejections.add_metric([r.name], r.health.ejections)
     affinity = CounterMetricFamily(
         "wsmode_upstream_affinity",
-        "Turns placed with affinity = conversation: hit (the parent's replica), new (a "
-        "new chain at its first choice), spilled (past the load bound, to the next), "
-        "moved (the parent's replica was unavailable).",
+        "Turns placed with affinity = conversation: hit (the parent's replica, or the one "
+        "a plain-HTTP conversation's last turn went to), new (a new chain at its first "
+        "choice), spilled (past the load bound, to the next), moved (that replica was "
+        "unavailable).",
         labels=["outcome"],
     )
     for outcome in AFFINITY_OUTCOMES:
