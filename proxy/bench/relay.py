@@ -67,21 +67,24 @@ class RelayPlan:
     rounds: int = 3  # each contender's measurements, interleaved wsmode/bare, bare/wsmode
 
 
-def _create(tokens: int, stamp: bool = False, tps: float = 0.0) -> bytes:
-    """A create for `tokens` events, paced by the model at `tps` a second (0: unpaced)."""
+def _request(tokens: int, stamp: bool = False, tps: float = 0.0) -> dict[str, Any]:
+    """A request for `tokens` events, paced by the model at `tps` a second (0: unpaced), as
+    the HTTP body the model takes directly."""
     meta = {"sim_output_tokens": str(tokens), "sim_tokens_per_second": f"{tps:g}"}
     if stamp:
         meta["sim_stamp"] = "true"
-    return orjson.dumps(
-        {
-            "type": "response.create",
-            "model": "sim",
-            "input": "go",
-            "store": False,
-            "stream": True,  # wsmode ignores it (as Codex sends it); the bare relay needs it
-            "metadata": meta,
-        }
-    )
+    return {
+        "model": "sim",
+        "input": "go",
+        "store": False,
+        "stream": True,  # wsmode ignores it (as Codex sends it); the bare relay needs it
+        "metadata": meta,
+    }
+
+
+def _create(tokens: int, stamp: bool = False, tps: float = 0.0) -> bytes:
+    """The same request as a WebSocket frame."""
+    return orjson.dumps({"type": "response.create", **_request(tokens, stamp, tps)})
 
 
 async def _open(
@@ -199,19 +202,7 @@ def _compared(n: int, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 async def _latency(
     session: aiohttp.ClientSession, sim: Server, relays: dict[str, Server], plan: RelayPlan
 ) -> dict[str, Any]:
-    body = orjson.dumps(
-        {
-            "model": "sim",
-            "input": "go",
-            "store": False,
-            "stream": True,
-            "metadata": {
-                "sim_output_tokens": str(plan.latency_tokens),
-                "sim_stamp": "true",
-                "sim_tokens_per_second": f"{LATENCY_TPS:g}",
-            },
-        }
-    )
+    body = orjson.dumps(_request(plan.latency_tokens, stamp=True, tps=LATENCY_TPS))
     frame = _create(plan.latency_tokens, stamp=True, tps=LATENCY_TPS)
     per_run: dict[str, list[list[int]]] = {"direct": [], **{name: [] for name in CONTENDERS}}
     sockets = {
