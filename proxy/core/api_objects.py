@@ -13,6 +13,7 @@ response's `error` a code from the API's list; `listed_item` is an input item as
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from . import wire
@@ -45,6 +46,8 @@ _ECHOED: dict[str, Any] = {
 # to true in the Responses API), and for a `reasoning` object's.
 _FUNCTION_TOOL_DEFAULTS: dict[str, Any] = {"description": None, "parameters": None, "strict": True}
 _REASONING_DEFAULTS: dict[str, Any] = {"effort": None, "summary": None}
+_FUNCTION_TOOL_KEYS = frozenset(_FUNCTION_TOOL_DEFAULTS)
+_REASONING_KEYS = frozenset(_REASONING_DEFAULTS)
 # The codes a response object's `error.code` may have (the openai SDK's `ResponseError`).
 RESPONSE_ERROR_CODES = frozenset(
     {
@@ -147,8 +150,8 @@ def echoed_tools(tools: Any) -> Any:
     """`tools` as the response object reports them: each function tool (also inside a
     namespace) with `description`, `parameters` and `strict`, the values the API reports
     when the request left them out. Fields that were sent are kept as they are."""
-    if not isinstance(tools, list):
-        return tools
+    if not isinstance(tools, list) or all(map(_complete_tool, tools)):
+        return tools  # nothing to add: the same list
     out: list[Any] = []
     for tool in tools:
         if isinstance(tool, dict) and tool.get("type") == "function":
@@ -163,9 +166,19 @@ def echoed_reasoning(reasoning: Any) -> Any:
     """`reasoning` as the response object reports it: `effort` and `summary` present."""
     if reasoning is None:
         return dict(_REASONING_DEFAULTS)
-    if not isinstance(reasoning, dict):
-        return reasoning
+    if not isinstance(reasoning, dict) or reasoning.keys() >= _REASONING_KEYS:
+        return reasoning  # nothing to add: the same object
     return {**reasoning, **{k: v for k, v in _REASONING_DEFAULTS.items() if k not in reasoning}}
+
+
+def _complete_tool(tool: Any) -> bool:
+    """A tool `echoed_tools` would leave as it is: not a function tool or a namespace, or a
+    function tool with every reported field."""
+    if not isinstance(tool, dict):
+        return True
+    if tool.get("type") == "function":
+        return tool.keys() >= _FUNCTION_TOOL_KEYS
+    return not isinstance(tool.get("tools"), list)
 
 
 def _echo(key: str, value: Any) -> Any:
@@ -182,14 +195,19 @@ def echo_template(request: dict[str, Any]) -> dict[str, Any]:
     return response_object(response_id="", request=request, status="in_progress", created_at=0)
 
 
-def complete_response(resp: dict[str, Any], template: dict[str, Any]) -> dict[str, Any]:
+def complete_response(
+    resp: dict[str, Any], template: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
     """Fill, in place, what an upstream's response object lacks of the fields the
     Responses schema requires: from the client's request as `echo_template` echoes it,
     tools and reasoning completed, usage completed. A value the upstream sent is never
-    changed (fields are only added), so its echo of a setting still wins."""
-    for key, value in template.items():
-        if key not in resp:  # a copy: the template serves the response's next event too
-            resp[key] = value.copy() if isinstance(value, dict | list) else value
+    changed (fields are only added), so its echo of a setting still wins. An upstream that
+    echoes every field (most do) costs one test of its keys, and `template` is then never
+    made (a callable, called at most once per response by its caller)."""
+    if not resp.keys() >= _RESPONSE_KEYS:
+        for key, value in template().items():
+            if key not in resp:  # a copy: the template serves the response's next event too
+                resp[key] = value.copy() if isinstance(value, dict | list) else value
     resp["tools"] = echoed_tools(resp["tools"])
     if isinstance(resp["reasoning"], dict):  # an upstream's `null` stays null
         resp["reasoning"] = echoed_reasoning(resp["reasoning"])
@@ -245,6 +263,11 @@ def response_object(
         value = request.get(key)
         obj[key] = _echo(key, default if value is None else value)
     return obj
+
+
+# Every field of a response object (`complete_response` fills any one of them an upstream
+# left out).
+_RESPONSE_KEYS = frozenset(echo_template({}))
 
 
 def lifecycle_event(kind: str, response: dict[str, Any], seq: int) -> dict[str, Any]:

@@ -7,7 +7,13 @@ from typing import Any
 
 import orjson
 import pytest
-from wsmode.core.api_objects import complete_usage, failed_error, listed_item
+from wsmode.core.api_objects import (
+    complete_response,
+    complete_usage,
+    echo_template,
+    failed_error,
+    listed_item,
+)
 from wsmode.core.sse import SSEEvent
 
 from tests.support.chat_streams import TRANSCRIPTS, run, translator
@@ -84,6 +90,22 @@ def test_the_responses_dialect_fills_the_upstreams_echo_and_keeps_its_values() -
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens_details": {"reasoning_tokens": 0},
     }
+
+
+def test_an_upstream_echo_with_every_field_is_kept_as_sent_without_echoing_the_request() -> None:
+    request = {"model": "m", "tools": TOOLS, "temperature": 0.2}
+    full = complete_response(thin("in_progress"), lambda: echo_template(request))
+    check_response(full)
+    full["temperature"] = 0.7  # the upstream's own value
+    sent = orjson.loads(orjson.dumps(full))  # an upstream that echoes every field
+
+    def unused() -> dict[str, Any]:
+        raise AssertionError("the request's echo was made for a complete response object")
+
+    assert complete_response(orjson.loads(orjson.dumps(sent)), unused) == sent
+    # one field missing: that one is filled from the request, the rest kept as sent
+    del sent["temperature"]
+    assert complete_response(sent, lambda: echo_template(request))["temperature"] == 0.2
 
 
 def test_the_llamacpp_repair_reports_complete_tools() -> None:

@@ -215,9 +215,7 @@ class ResponsesStream:
         if not isinstance(resp, dict):
             raise UpstreamError(f"upstream {kind} event has no response object", started=True)
         resp.update(self._patch)
-        if self._template is None:
-            self._template = echo_template(self._request)
-        complete_response(resp, self._template)  # fields the upstream's echo left out
+        complete_response(resp, self._echo)  # fields the upstream's echo left out
         self.response = resp
         if isinstance(resp.get("id"), str):
             self.response_id = resp["id"]
@@ -228,6 +226,13 @@ class ResponsesStream:
             self.output = output if isinstance(output, list) else []
             self.outcome = kind.removeprefix("response.")
         return [wire.dumps(ev)]
+
+    def _echo(self) -> dict[str, Any]:
+        """The response object the client's request echoes, made once per response and
+        only when an upstream's echo lacks a field."""
+        if self._template is None:
+            self._template = echo_template(self._request)
+        return self._template
 
     def _error(self, ev: dict[str, Any]) -> list[bytes]:
         """An HTTP-style SSE `error` (code/message at the top level) ends the response."""
